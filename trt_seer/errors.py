@@ -1,0 +1,39 @@
+"""The project's exceptions. The CLI turns each into one line on stderr and its exit code."""
+
+
+class TrtSeerError(Exception):
+    """Base class. `exit_code` is what the CLI returns."""
+
+    exit_code = 1
+
+
+class InputError(TrtSeerError):
+    """Bad user input: a missing model, a malformed option, unreadable data. Exit code 2."""
+
+    exit_code = 2
+
+
+class UnsupportedError(InputError):
+    """An architecture, task or TensorRT feature this build does not support. Exit code 2."""
+
+
+class DependencyError(TrtSeerError):
+    """An optional dependency (TensorRT, cuda-python, ...) is missing. Exit code 2."""
+
+    exit_code = 2
+
+
+class ExportMismatchError(TrtSeerError):
+    """The exported ONNX graph disagrees with PyTorch beyond tolerance. Exit code 1."""
+
+
+class AccuracyGateError(TrtSeerError):
+    """A reduced-precision artifact failed its accuracy gate. Exit code 1."""
+
+
+class BuildError(TrtSeerError):
+    """TensorRT failed to parse or build. Exit code 1."""
+
+
+class ManifestMismatchError(InputError):
+    """An engine's manifest does not match this runtime (flavor, version, GPU). Exit code 2."""

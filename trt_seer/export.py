@@ -1,0 +1,163 @@
+"""Checkpoint -> verified FP32 ONNX.
+
+    from trt_seer.families import resolve_model
+    from trt_seer.export import onnx_from_checkpoint
+    onnx_from_checkpoint(resolve_model("my-ckpt/"), Path("engines/my.fp32.onnx"))
+
+Uses torch.onnx.export(dynamo=True): the TorchScript exporter produced a silently wrong MiniLM graph
+with transformers 5.x. Every export is checked against PyTorch with ONNX Runtime at shapes that
+differ from the traced one, padding included.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trt_seer import onnxio
+from trt_seer.errors import ExportMismatchError, UnsupportedError
+from trt_seer.families import TASKS, ModelInfo
+
+OPSET = 18
+TRACE_SHAPE = (2, 16)  # (batch, seq) used for tracing
+VERIFY_SHAPES = ((3, 23), (1, 61))  # differ from the traced shape in both axes
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float = 1e-4
+    rtol: float = 2e-4  # relative to the largest |reference| value of the output
+
+
+def load_model(info: ModelInfo):
+    """The checkpoint as an eval-mode FP32 torch module of the task's auto class."""
+    import torch
+    import transformers
+
+    auto = getattr(transformers, TASKS[info.task].auto_class)
+    kwargs = {"dtype": torch.float32}
+    model = auto.from_pretrained(str(info.path), **kwargs)
+    if info.family.kind == "decoder":
+        model.config.use_cache = False
+    return model.eval()
+
+
+def wrap(model, info: ModelInfo):
+    """A module whose forward takes the family's inputs positionally and returns the task's outputs."""
+    import torch
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):
+            kwargs = dict(zip(info.inputs, args))
+            if info.family.kind == "decoder":
+                kwargs["use_cache"] = False
+            out = self.model(**kwargs)
+            if info.task != "feature-extraction":
+                return out.logits
+            hidden = out.last_hidden_state  # (batch, seq, hidden)
+            return hidden, mean_pool(hidden, kwargs["attention_mask"])
+
+    return Wrapper().eval()
+
+
+def mean_pool(hidden, mask):
+    """Mean over unmasked tokens, L2-normalised: sentence-transformers' embedding."""
+    import torch
+
+    m = mask.unsqueeze(-1).to(hidden.dtype)  # (batch, seq, 1)
+    summed = (hidden * m).sum(dim=1)  # (batch, hidden)
+    counts = m.sum(dim=1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(summed / counts, p=2, dim=1)
+
+
+def sample_inputs(info: ModelInfo, batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random token ids with right padding on the first row (int64, as the graph takes them)."""
+    rng = np.random.default_rng(seed)
+    vocab = int(info.config.get("vocab_size", 1000))
+    ids = rng.integers(5, max(6, vocab - 1), size=(batch, seq), dtype=np.int64)
+    mask = np.ones((batch, seq), dtype=np.int64)
+    if seq > 2:
+        mask[0, seq // 2:] = 0  # padding
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if "token_type_ids" in info.inputs:
+        types = int(info.config.get("type_vocab_size", 2) or 1)
+        feeds["token_type_ids"] = rng.integers(0, types, size=(batch, seq), dtype=np.int64)
+    return {k: feeds[k] for k in info.inputs}
+
+
+def torch_outputs(wrapped, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import torch
+
+    with torch.inference_mode():
+        out = wrapped(*(torch.from_numpy(v) for v in feeds.values()))
+    out = out if isinstance(out, tuple) else (out,)
+    return [o.float().numpy() for o in out]
+
+
+def _dynamic_shapes(info: ModelInfo):
+    from torch.export import Dim
+
+    batch, seq = Dim("batch", min=1, max=4096), Dim("seq", min=2, max=32768)
+    return (tuple({0: batch, 1: seq} for _ in info.inputs),)  # one entry: forward(*args)
+
+
+def _export(wrapped, info: ModelInfo, dest: Path) -> None:
+    import torch
+
+    feeds = sample_inputs(info, *TRACE_SHAPE, seed=1)
+    args = tuple(torch.from_numpy(v) for v in feeds.values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        program = torch.onnx.export(
+            wrapped, args, input_names=list(info.inputs), output_names=list(info.outputs),
+            dynamic_shapes=_dynamic_shapes(info), dynamo=True, opset_version=OPSET, verbose=False,
+        )
+    large = sum(p.numel() * p.element_size() for p in wrapped.parameters()) > onnxio.EXTERNAL_DATA_THRESHOLD
+    with onnxio.staged(dest) as tmp:
+        program.save(str(tmp), external_data=large)
+
+
+def verify(wrapped, info: ModelInfo, onnx_path: Path, tol: Tolerance = Tolerance()) -> dict:
+    """Runs ONNX Runtime and PyTorch at VERIFY_SHAPES; raises ExportMismatchError above tolerance."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    report = {"shapes": [list(s) for s in VERIFY_SHAPES], "outputs": {}}
+    for i, (batch, seq) in enumerate(VERIFY_SHAPES):
+        feeds = sample_inputs(info, batch, seq, seed=10 + i)
+        got = session.run(list(info.outputs), feeds)
+        ref = torch_outputs(wrapped, feeds)
+        for name, g, r in zip(info.outputs, got, ref):
+            if g.shape != r.shape:
+                raise ExportMismatchError(f"ONNX output {name} has shape {g.shape}, PyTorch {r.shape} "
+                                          f"at batch={batch} seq={seq}")
+            delta = float(np.max(np.abs(g.astype(np.float64) - r)))
+            allowed = tol.atol + tol.rtol * float(np.max(np.abs(r)))
+            prev = report["outputs"].get(name, {"max_abs_diff": 0.0})
+            report["outputs"][name] = {"max_abs_diff": max(prev["max_abs_diff"], delta), "allowed": allowed}
+            if not delta <= allowed:  # also catches NaN
+                raise ExportMismatchError(f"ONNX export of {info.name} disagrees with PyTorch on {name}: "
+                                          f"max |Δ| {delta:.3g} > {allowed:.3g} at batch={batch} seq={seq}")
+    return report
+
+
+def onnx_from_checkpoint(info: ModelInfo, dest: Path, tol: Tolerance = Tolerance()) -> dict:
+    """Exports `info`'s checkpoint to `dest` and verifies it. Returns the verification report."""
+    if info.task not in TASKS:
+        raise UnsupportedError(f"unknown task {info.task!r}")
+    wrapped = wrap(load_model(info), info)
+    _export(wrapped, info, dest)
+    try:
+        return verify(wrapped, info, dest, tol)
+    except ExportMismatchError:
+        dest.unlink(missing_ok=True)
+        onnxio.data_path(dest).unlink(missing_ok=True)
+        raise

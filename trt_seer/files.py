@@ -1,0 +1,63 @@
+"""Small file helpers: atomic writes (temp file + rename) and content hashes."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from trt_seer.errors import InputError
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_json(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def ensure_out_dir(path: Path) -> Path:
+    """Creates `path` if needed and checks it is writable; InputError otherwise."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create output directory {path}: {e.strerror}") from e
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(f"output directory is not writable: {path}")
+    return path
+
+
+@contextmanager
+def atomic_path(dest: Path):
+    """Yields a temp path beside `dest`; renames it over `dest` only if the block succeeds."""
+    dest = Path(dest)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write_bytes(dest: Path, data: bytes) -> Path:
+    with atomic_path(dest) as tmp:
+        tmp.write_bytes(data)
+    return Path(dest)
+
+
+def atomic_write_text(dest: Path, text: str) -> Path:
+    return atomic_write_bytes(dest, text.encode())
+
+
+def atomic_write_json(dest: Path, obj) -> Path:
+    return atomic_write_text(dest, json.dumps(obj, indent=2, sort_keys=False) + "\n")

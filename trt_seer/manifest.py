@@ -1,0 +1,78 @@
+"""The manifest: the JSON beside each engine (and each ONNX artifact) that every later stage and
+every service reads instead of re-deriving facts.
+
+Engine manifest (`<name>.<precision>.manifest.json`) keys:
+  schema, trt_seer_version, name, precision, task, model_type,
+  engine {file, sha256, size_bytes}, onnx {file, sha256, fp32_file, fp32_sha256},
+  source {checkpoint, config_sha256, weights_sha256},
+  tensorrt {flavor, version}, targets {hardware_compat, compute_capabilities},
+  profiles [{batch: [min, opt, max], seq: [min, opt, max]}],
+  io {inputs: [{name, dtype, shape}], outputs: [...]}   (-1 marks a dynamic axis),
+  build {key, settings, seconds, finished_at},
+  accuracy {<stage>: {...}}   (filled by the stage that measures it).
+ONNX records (`<file>.onnx.json`) hold {kind, precision, sha256, key, source, io, verification}.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trt_seer import __version__
+from trt_seer.errors import InputError
+from trt_seer.files import atomic_write_json
+
+SCHEMA = 1
+ENGINE_REQUIRED = ("schema", "name", "precision", "task", "engine", "tensorrt", "targets",
+                   "profiles", "io", "build")
+
+
+def engine_manifest_path(engine_path: Path) -> Path:
+    """`x.fp16.engine` -> `x.fp16.manifest.json`."""
+    engine_path = Path(engine_path)
+    return engine_path.with_name(engine_path.name.removesuffix(".engine") + ".manifest.json")
+
+
+def record_path(artifact: Path) -> Path:
+    """The record beside a non-engine artifact: `x.fp32.onnx` -> `x.fp32.onnx.json`."""
+    return Path(str(artifact) + ".json")
+
+
+def read(path: Path) -> dict:
+    """Reads and validates a manifest or record; InputError on anything malformed."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise InputError(f"manifest not found: {path}") from e
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"unreadable manifest {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise InputError(f"manifest {path} is not a JSON object")
+    if data.get("schema", SCHEMA) > SCHEMA:
+        raise InputError(f"manifest {path} has schema {data['schema']}; this trt_seer reads {SCHEMA}")
+    return data
+
+
+def read_engine_manifest(path: Path) -> dict:
+    data = read(path)
+    missing = [k for k in ENGINE_REQUIRED if k not in data]
+    if missing:
+        raise InputError(f"manifest {path} lacks {', '.join(missing)}")
+    return data
+
+
+def read_if_exists(path: Path) -> dict | None:
+    return read(path) if Path(path).is_file() else None
+
+
+def write(path: Path, data: dict) -> Path:
+    data = {"schema": SCHEMA, "trt_seer_version": __version__, **data}
+    return atomic_write_json(path, data)
+
+
+def update_accuracy(path: Path, stage: str, metrics: dict) -> dict:
+    """Merges `metrics` under accuracy[stage] and rewrites the manifest atomically."""
+    data = read(path)
+    data.setdefault("accuracy", {})[stage] = metrics
+    atomic_write_json(path, data)
+    return data

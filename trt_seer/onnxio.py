@@ -1,0 +1,79 @@
+"""Saving, hashing and describing ONNX files (external data included for models over 2 GB)."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import hashlib
+
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes; protobuf's hard limit is 2 GiB
+
+
+def data_path(onnx_path: Path) -> Path:
+    return Path(str(onnx_path) + ".data")
+
+
+@contextmanager
+def staged(dest: Path):
+    """Yields a path with `dest`'s file name inside a temp dir beside it; on success moves the
+    file (and its external-data file, if written) into place, data first."""
+    dest = Path(dest)
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        yield tmpdir / dest.name
+        staged_data = data_path(tmpdir / dest.name)
+        if staged_data.exists():
+            os.replace(staged_data, data_path(dest))
+        elif data_path(dest).exists():
+            data_path(dest).unlink()
+        os.replace(tmpdir / dest.name, dest)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def save(model, dest: Path) -> Path:
+    """Saves an onnx.ModelProto atomically; weights go to `<dest>.data` when the model is large."""
+    import onnx
+
+    with staged(dest) as tmp:
+        if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+            onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data_path(dest).name, size_threshold=1024)
+        else:
+            onnx.save_model(model, tmp)
+    return Path(dest)
+
+
+def load(path: Path, load_external_data: bool = True):
+    import onnx
+
+    return onnx.load(str(path), load_external_data=load_external_data)
+
+
+def sha256(path: Path) -> str:
+    """Hash of the graph file and its external data, if any."""
+    h = hashlib.sha256()
+    for p in (Path(path), data_path(path)):
+        if p.exists():
+            with open(p, "rb") as f:
+                while block := f.read(1 << 22):
+                    h.update(block)
+    return h.hexdigest()
+
+
+_ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32", 9: "bool", 3: "int8"}
+
+
+def describe_io(model) -> dict:
+    """{"inputs": [{name, dtype, shape}], "outputs": [...]} with -1 for symbolic dimensions."""
+
+    def one(v):
+        t = v.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+        return {"name": v.name, "dtype": _ONNX_DTYPES.get(t.elem_type, str(t.elem_type)), "shape": shape}
+
+    return {"inputs": [one(v) for v in model.graph.input],
+            "outputs": [one(v) for v in model.graph.output]}

@@ -1,0 +1,184 @@
+"""TensorRT flavor adapter: the one place that imports `tensorrt` or `tensorrt_rtx`, checks
+versions and features, and hides their differences.
+
+Both flavors take the same strongly typed path: precision comes from the ONNX graph (FP16-typed
+tensors, explicit Q/DQ), never from builder flags. `TRT_SEER_TENSORRT=tensorrt|tensorrt_rtx`
+forces a flavor when both are installed.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from dataclasses import dataclass
+from types import ModuleType
+
+from packaging.version import Version
+
+from trt_seer.errors import DependencyError, UnsupportedError
+
+FLAVORS = ("tensorrt", "tensorrt_rtx")
+MIN_TENSORRT = Version("10.0")
+HARDWARE_COMPAT = {"none": "NONE", "ampere+": "AMPERE_PLUS", "same-cc": "SAME_COMPUTE_CAPABILITY"}
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """The imported TensorRT module with its name and version."""
+
+    trt: ModuleType
+    name: str
+    version: Version
+
+    @property
+    def is_rtx(self) -> bool:
+        return self.name == "tensorrt_rtx"
+
+    @property
+    def has_timing_cache(self) -> bool:
+        # TensorRT-RTX keeps the API but its timing cache calls are no-ops; it caches JIT kernels
+        # in a runtime cache at execution time instead.
+        return not self.is_rtx
+
+    @property
+    def has_progress_monitor(self) -> bool:
+        return hasattr(self.trt, "IProgressMonitor")
+
+    @property
+    def has_implicit_int8(self) -> bool:
+        """Legacy calibrator API (TensorRT <= 10); removed in TensorRT 11 and absent in RTX."""
+        return hasattr(self.trt, "IInt8EntropyCalibrator2") and hasattr(self.trt.BuilderFlag, "INT8")
+
+    def describe(self) -> dict:
+        return {"flavor": self.name, "version": str(self.version)}
+
+
+def _import(name: str) -> Flavor:
+    trt = importlib.import_module(name)
+    version = Version(trt.__version__)
+    if name == "tensorrt" and version < MIN_TENSORRT:
+        raise UnsupportedError(f"TensorRT {version} is too old; trt_seer needs >= {MIN_TENSORRT} "
+                               "(strongly typed networks)")
+    return Flavor(trt, name, version)
+
+
+@functools.lru_cache(maxsize=None)
+def load(prefer: str | None = None) -> Flavor:
+    """Imports `tensorrt` if present, else `tensorrt_rtx`. DependencyError when neither is."""
+    prefer = prefer or os.environ.get("TRT_SEER_TENSORRT") or None
+    order = [prefer] if prefer else list(FLAVORS)
+    errors = []
+    for name in order:
+        if name not in FLAVORS:
+            raise UnsupportedError(f"unknown TensorRT flavor {name!r}; choose one of {FLAVORS}")
+        try:
+            return _import(name)
+        except ImportError as e:
+            errors.append(f"{name}: {e}")
+    raise DependencyError("no TensorRT runtime importable (" + "; ".join(errors) + "); "
+                          "pip install 'trt-seer[rtx]' (TensorRT-RTX) or 'trt-seer[tensorrt]'")
+
+
+def available() -> bool:
+    """True if some TensorRT flavor imports; never raises."""
+    try:
+        load()
+    except (DependencyError, UnsupportedError):
+        return False
+    return True
+
+
+def logger(flavor: Flavor, verbose: bool = False):
+    level = flavor.trt.Logger.VERBOSE if verbose else flavor.trt.Logger.WARNING
+    return flavor.trt.Logger(level)
+
+
+def strongly_typed_network(flavor: Flavor, builder):
+    flags = 1 << int(flavor.trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    return builder.create_network(flags)
+
+
+def parse_compute_capability(text: str) -> str:
+    """'7.5' / '75' / 'sm75' -> 'SM75' (the enum member name)."""
+    digits = text.lower().removeprefix("sm_").removeprefix("sm").replace(".", "")
+    if not digits.isdigit() or len(digits) not in (2, 3):
+        raise UnsupportedError(f"malformed compute capability {text!r}; use e.g. 7.5 or 8.6")
+    return f"SM{digits}"
+
+
+def set_targets(flavor: Flavor, config, hardware_compat: str | None, compute_caps: tuple[str, ...]):
+    """Applies target GPUs. Returns the manifest's `targets` section."""
+    trt = flavor.trt
+    if compute_caps:
+        if not hasattr(trt, "ComputeCapability"):
+            raise UnsupportedError(f"{flavor.name} {flavor.version} cannot target compute capabilities; "
+                                   "use --hardware-compat with full TensorRT")
+        names = [parse_compute_capability(c) for c in compute_caps]
+        unknown = [n for n in names if not hasattr(trt.ComputeCapability, n)]
+        if unknown:
+            known = [m for m in dir(trt.ComputeCapability) if m.startswith("SM")]
+            raise UnsupportedError(f"{flavor.name} cannot target {', '.join(unknown)}; known: {', '.join(known)}")
+        config.num_compute_capabilities = len(names)
+        for i, n in enumerate(names):
+            config.set_compute_capability(getattr(trt.ComputeCapability, n), i)
+    if hardware_compat:
+        config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel,
+                                                      HARDWARE_COMPAT[hardware_compat])
+    return target_description(flavor, hardware_compat, compute_caps)
+
+
+def target_description(flavor: Flavor, hardware_compat: str | None, compute_caps: tuple[str, ...]) -> dict:
+    caps = [f"{n[2:-1]}.{n[-1]}" for n in (parse_compute_capability(c) for c in compute_caps)]
+    if caps:
+        mode = "listed"
+    elif hardware_compat in ("ampere+",) or (flavor.is_rtx and not hardware_compat):
+        mode = "ampere+"  # TensorRT-RTX's default: portable across Ampere and newer
+    elif hardware_compat == "same-cc":
+        mode = "same-cc"
+    else:
+        mode = "build-gpu"
+    return {"mode": mode, "compute_capabilities": caps}
+
+
+def target_allows(targets: dict, device_cc: tuple[int, int], build_cc: str | None = None) -> bool:
+    """Whether an engine built for `targets` may run on a GPU of compute capability `device_cc`."""
+    dev = Version(f"{device_cc[0]}.{device_cc[1]}")
+    mode = targets.get("mode")
+    if mode == "listed":
+        return str(dev) in targets.get("compute_capabilities", [])
+    if mode == "ampere+":
+        return dev >= Version("8.0")
+    if mode == "same-cc":
+        return build_cc is None or dev.major == Version(build_cc).major and dev.minor == Version(build_cc).minor
+    return build_cc is None or str(dev) == build_cc
+
+
+def make_progress_monitor(flavor: Flavor):
+    """A TensorRT progress monitor that draws tqdm bars, or None where the flavor has none."""
+    if not flavor.has_progress_monitor:
+        return None
+    from tqdm import tqdm
+
+    class _Bars(flavor.trt.IProgressMonitor):
+        def __init__(self):
+            flavor.trt.IProgressMonitor.__init__(self)
+            self._bars = {}
+
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            depth = len(self._bars)
+            self._bars[phase_name] = tqdm(total=num_steps, desc=phase_name, position=depth,
+                                          leave=depth == 0, unit="step", dynamic_ncols=True)
+
+        def step_complete(self, phase_name, step):
+            bar = self._bars.get(phase_name)
+            if bar is not None:
+                bar.n = step + 1
+                bar.refresh()
+            return True
+
+        def phase_finish(self, phase_name):
+            bar = self._bars.pop(phase_name, None)
+            if bar is not None:
+                bar.close()
+
+    return _Bars()
