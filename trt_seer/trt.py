@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import sys
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -89,8 +90,23 @@ def available() -> bool:
 
 
 def logger(flavor: Flavor, verbose: bool = False):
-    level = flavor.trt.Logger.VERBOSE if verbose else flavor.trt.Logger.WARNING
-    return flavor.trt.Logger(level)
+    """A TensorRT logger that prints at WARNING (VERBOSE with -v) and keeps the errors, so a
+    failed build can say why in one line."""
+    trt = flavor.trt
+    threshold = trt.ILogger.Severity.VERBOSE if verbose else trt.ILogger.Severity.WARNING
+
+    class _Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity, msg):
+            if severity <= trt.ILogger.Severity.ERROR:
+                self.errors.append(msg)
+            if severity <= threshold:
+                print(f"[TensorRT] {severity.name}: {msg}", file=sys.stderr)
+
+    return _Logger()
 
 
 def strongly_typed_network(flavor: Flavor, builder):
@@ -160,25 +176,29 @@ def make_progress_monitor(flavor: Flavor):
     from tqdm import tqdm
 
     class _Bars(flavor.trt.IProgressMonitor):
+        """One bar for the outermost phase; nested phases only name the current step."""
+
         def __init__(self):
             flavor.trt.IProgressMonitor.__init__(self)
-            self._bars = {}
+            self._top, self._bar = None, None
 
         def phase_start(self, phase_name, parent_phase, num_steps):
-            depth = len(self._bars)
-            self._bars[phase_name] = tqdm(total=num_steps, desc=phase_name, position=depth,
-                                          leave=depth == 0, unit="step", dynamic_ncols=True)
+            if self._bar is None:
+                self._top = phase_name
+                self._bar = tqdm(total=num_steps, desc=phase_name, unit="step", leave=False,
+                                 dynamic_ncols=True)
+            else:
+                self._bar.set_postfix_str(phase_name, refresh=True)
 
         def step_complete(self, phase_name, step):
-            bar = self._bars.get(phase_name)
-            if bar is not None:
-                bar.n = step + 1
-                bar.refresh()
+            if self._bar is not None and phase_name == self._top:
+                self._bar.n = step + 1
+                self._bar.refresh()
             return True
 
         def phase_finish(self, phase_name):
-            bar = self._bars.pop(phase_name, None)
-            if bar is not None:
-                bar.close()
+            if phase_name == self._top and self._bar is not None:
+                self._bar.close()
+                self._top, self._bar = None, None
 
     return _Bars()

@@ -1,0 +1,114 @@
+"""Real TensorRT(-RTX) engine builds on CPU: default model FP32 + FP16, tiny families, manifest
+contents and the cache hit. Skips only when no TensorRT flavor is importable."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tiny import make_tiny_checkpoint
+from trt_seer import manifest, trt
+from trt_seer.build import BuildSpec, cache_key
+from trt_seer.families import ShapeProfile
+
+pytestmark = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
+
+
+def build(*args):
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", *args], capture_output=True,
+                       text=True, timeout=900, env={**os.environ, "TQDM_DISABLE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def default_build(tmp_path_factory):
+    out = tmp_path_factory.mktemp("engines")
+    first = build("--fp32", "--fp16", "--out", str(out))
+    return out, first
+
+
+@pytest.mark.slow
+def test_default_model_artifacts(default_build):
+    out, _ = default_build
+    names = {p.name for p in out.iterdir()}
+    stem = "all-MiniLM-L6-v2"
+    for suffix in ("fp32.onnx", "fp16.onnx", "fp32.engine", "fp16.engine",
+                   "fp32.manifest.json", "fp16.manifest.json", "fp32.onnx.json", "fp16.onnx.json"):
+        assert f"{stem}.{suffix}" in names
+    assert not [n for n in names if n.startswith(".")], names  # no temp files left behind
+
+
+@pytest.mark.slow
+def test_default_model_manifest(default_build):
+    out, _ = default_build
+    m = manifest.read_engine_manifest(out / "all-MiniLM-L6-v2.fp16.manifest.json")
+    flavor = trt.load()
+    assert m["tensorrt"] == {"flavor": flavor.name, "version": str(flavor.version)}
+    assert m["precision"] == "fp16" and m["task"] == "feature-extraction" and m["model_type"] == "bert"
+    assert m["profiles"] == [{"batch": [1, 8, 32], "seq": [8, 128, 256]}]
+    assert [i["name"] for i in m["io"]["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert all(i["dtype"] == "int64" and i["shape"] == [-1, -1] for i in m["io"]["inputs"])
+    outs = {o["name"]: o for o in m["io"]["outputs"]}
+    assert outs["sentence_embedding"]["shape"] == [-1, 384] and outs["sentence_embedding"]["dtype"] == "float32"
+    engine = out / m["engine"]["file"]
+    assert m["engine"]["size_bytes"] == engine.stat().st_size
+    from trt_seer.files import sha256_file
+    assert m["engine"]["sha256"] == sha256_file(engine)
+    assert m["source"]["config_sha256"] and m["source"]["checkpoint"]
+    acc = m["accuracy"]["onnx_vs_fp32"]
+    assert acc["mean_cosine"] >= 0.999 and acc["samples"] >= 100
+    assert m["targets"]["mode"] in ("ampere+", "build-gpu", "listed", "same-cc")
+    fp32 = manifest.read_engine_manifest(out / "all-MiniLM-L6-v2.fp32.manifest.json")
+    assert fp32["engine"]["size_bytes"] > 1.5 * m["engine"]["size_bytes"]  # FP16 weights halve it
+
+
+@pytest.mark.slow
+def test_second_run_is_a_cache_hit(default_build):
+    out, _ = default_build
+    engine = out / "all-MiniLM-L6-v2.fp16.engine"
+    before = engine.stat().st_mtime_ns
+    r = build("--fp16", "--out", str(out))
+    assert "fp16 engine up to date" in r.stderr
+    assert "exporting" not in r.stderr and "building" not in r.stderr
+    assert engine.stat().st_mtime_ns == before
+
+
+@pytest.mark.slow
+def test_changed_profile_rebuilds(default_build):
+    out, _ = default_build
+    r = build("--fp16", "--batch", "1,4,16", "--out", str(out))
+    assert "building the fp16 engine" in r.stderr and "fp32 ONNX up to date" in r.stderr
+    m = manifest.read_engine_manifest(out / "all-MiniLM-L6-v2.fp16.manifest.json")
+    assert m["profiles"][0]["batch"] == [1, 4, 16]
+
+
+def test_cache_key_covers_settings_and_flavor():
+    flavor = trt.load()
+    base = cache_key("abc", BuildSpec(), flavor)
+    assert base == cache_key("abc", BuildSpec(), flavor)
+    assert base != cache_key("abd", BuildSpec(), flavor)
+    assert base != cache_key("abc", BuildSpec(profile=ShapeProfile((1, 2, 4))), flavor)
+    assert base != cache_key("abc", BuildSpec(opt_level=5), flavor)
+
+
+@pytest.mark.parametrize("model_type,task", [("bert", "text-classification"), ("llama", "causal-lm"),
+                                             ("distilbert", "feature-extraction")])
+def test_tiny_family_fp16_engine(tmp_path, model_type, task):
+    ckpt = make_tiny_checkpoint(model_type, task, tmp_path / "ckpt")
+    build("--model", str(ckpt), "--fp16", "--batch", "1,2,4", "--seq", "8,16,32", "--out", str(tmp_path / "out"))
+    m = manifest.read_engine_manifest(tmp_path / "out" / "ckpt.fp16.manifest.json")
+    assert m["task"] == task and m["model_type"] == model_type
+    assert (tmp_path / "out" / m["engine"]["file"]).stat().st_size == m["engine"]["size_bytes"]
+    assert json.loads((tmp_path / "out" / "ckpt.fp16.onnx.json").read_text())["precision"] == "fp16"
+
+
+@pytest.mark.skipif(not trt.available() or not trt.load().is_rtx, reason="compute-capability targets are TensorRT-RTX's")
+def test_compute_capability_target(tmp_path):
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "ckpt")
+    build("--model", str(ckpt), "--fp16", "--compute-capability", "7.5", "--batch", "1,1,2",
+          "--seq", "8,8,16", "--out", str(tmp_path))
+    m = manifest.read_engine_manifest(tmp_path / "ckpt.fp16.manifest.json")
+    assert m["targets"] == {"mode": "listed", "compute_capabilities": ["7.5"]}
+    assert trt.target_allows(m["targets"], (7, 5)) and not trt.target_allows(m["targets"], (8, 6))

@@ -1,0 +1,94 @@
+"""Argument groups shared by subcommands: model/task, shape profile, precision, calibration data,
+output. Defined once here; each subcommand picks the groups it needs."""
+from __future__ import annotations
+
+import argparse
+import logging
+
+from trt_seer.families import TASKS
+
+PRECISIONS = ("fp32", "fp16", "int8")
+
+
+def int_triple(text: str) -> tuple[int, int, int]:
+    """'1,8,32' -> (1, 8, 32); a single '32' -> (32, 32, 32)."""
+    parts = text.split(",")
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,OPT,MAX integers, got {text!r}") from None
+    if len(values) == 1:
+        values = values * 3
+    if len(values) != 3 or not 1 <= values[0] <= values[1] <= values[2]:
+        raise argparse.ArgumentTypeError(f"expected MIN,OPT,MAX with 1 <= MIN <= OPT <= MAX, got {text!r}")
+    return values
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """'1,8,32' -> (1, 8, 32), each >= 1."""
+    try:
+        values = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", metavar="DIR", default=None,
+                   help="Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
+    g.add_argument("--task", choices=sorted(TASKS), default=None,
+                   help="what the model computes (default: inferred from config.json 'architectures')")
+
+
+def add_profile_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("shape profile")
+    g.add_argument("--batch", type=int_triple, default=(1, 8, 32), metavar="MIN,OPT,MAX",
+                   help="batch sizes of the optimization profile (default: 1,8,32)")
+    g.add_argument("--seq", type=int_triple, default=(8, 128, 256), metavar="MIN,OPT,MAX",
+                   help="sequence lengths of the optimization profile (default: 8,128,256)")
+
+
+def add_output_args(p: argparse.ArgumentParser, default: str = "engines") -> None:
+    p.add_argument("--out", metavar="DIR", default=default, help=f"output directory (default: {default}/)")
+
+
+def add_verbosity(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="store_true", help="verbose logs (TensorRT builder log included)")
+
+
+def add_calib_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("INT8 calibration")
+    g.add_argument("--calib", metavar="PATH", default=None,
+                   help="representative data: .txt (one sample per line), .jsonl/.csv (see --text-field) "
+                        "or a directory of .npz token batches (default: the corpus in calib/)")
+    g.add_argument("--text-field", default="text", help="text field of .jsonl/.csv data (default: text)")
+    g.add_argument("--calib-samples", type=positive_int, default=512, metavar="N",
+                   help="calibration samples to use (default: 512)")
+    g.add_argument("--calib-batch", type=positive_int, default=16, metavar="B",
+                   help="calibration batch size (default: 16)")
+    g.add_argument("--calib-method", choices=("entropy", "max", "percentile"), default="entropy",
+                   help="activation range method (default: entropy, TensorRT's KL-divergence search)")
+
+
+def configure_logging(verbose: bool) -> None:
+    """Our own messages at INFO (DEBUG with -v); libraries keep their default WARNING."""
+    log = logging.getLogger("trt_seer")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.DEBUG if verbose else logging.INFO)
+    log.propagate = False

@@ -1,0 +1,68 @@
+"""Accuracy of one ONNX artifact against another on held-out data, with ONNX Runtime on CPU.
+
+Used by the FP16 stage (FP16 vs FP32), the INT8 gate and `diff`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trt_seer import data
+from trt_seer.export import sample_inputs
+from trt_seer.families import ModelInfo, ShapeProfile
+from trt_seer.metrics import task_metrics
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    samples: int = 128
+    batch: int = 16
+    max_seq: int = 256
+
+
+def eval_batches(info: ModelInfo, spec: EvalSpec = EvalSpec(), texts: list[str] | None = None) -> list[dict]:
+    """Held-out token batches (the shipped held-out corpus, or random tokens for a model without a
+    tokenizer, e.g. a tiny test checkpoint)."""
+    profile = ShapeProfile((1, spec.batch, spec.batch), (2, min(128, spec.max_seq), spec.max_seq))
+    if data.has_tokenizer(info):
+        texts = texts if texts is not None else data.load_texts(data.default_corpus("heldout"))
+        return list(data.token_batches(info, texts[:spec.samples], profile, spec.batch))
+    n = max(1, spec.samples // spec.batch)
+    return [sample_inputs(info, spec.batch, 16 + 8 * i, seed=100 + i) for i in range(n)]
+
+
+def session(path, threads: int = 0):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def run_batches(sess, batches: list[dict]) -> list[dict[str, np.ndarray]]:
+    names = [o.name for o in sess.get_outputs()]
+    return [dict(zip(names, sess.run(names, feeds))) for feeds in batches]
+
+
+def merge(task: str, outs: list[dict], batches: list[dict]) -> dict[str, np.ndarray]:
+    """Concatenates per-batch outputs; token-level logits keep only unmasked positions."""
+    if task == "feature-extraction":
+        return {"sentence_embedding": np.concatenate([o["sentence_embedding"] for o in outs])}
+    rows = []
+    for o, b in zip(outs, batches):
+        logits = o["logits"]
+        rows.append(logits[b["attention_mask"].astype(bool)] if logits.ndim == 3 else logits)
+    return {"logits": np.concatenate(rows)}
+
+
+def compare_outputs(task: str, ref: list[dict], cand: list[dict], batches: list[dict]) -> dict:
+    return task_metrics(task, merge(task, ref, batches), merge(task, cand, batches))
+
+
+def compare_onnx(info: ModelInfo, ref_path, cand_path, batches: list[dict]) -> dict:
+    """Task metrics of `cand_path` against `ref_path` on `batches`."""
+    ref = run_batches(session(ref_path), batches)
+    cand = run_batches(session(cand_path), batches)
+    return compare_outputs(info.task, ref, cand, batches)

@@ -1,0 +1,135 @@
+"""The `build` pipeline: checkpoint -> FP32 ONNX -> (FP16 | Q/DQ) ONNX -> engine, each stage
+skipped when its output's record says it was made from the same inputs (a cache hit)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from trt_seer import __version__, manifest, onnxio
+from trt_seer.families import ModelInfo
+from trt_seer.files import sha256_file, sha256_json
+
+log = logging.getLogger(__name__)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """Where a model's artifacts live: `<out>/<name>.<suffix>`."""
+
+    out: Path
+    name: str
+
+    def path(self, suffix: str) -> Path:
+        return Path(self.out) / f"{self.name}.{suffix}"
+
+
+def checkpoint_fingerprint(info: ModelInfo) -> dict:
+    weights = sorted(p for p in Path(info.path).iterdir() if p.suffix in WEIGHT_SUFFIXES)
+    return {"checkpoint": str(Path(info.path).resolve()),
+            "config_sha256": sha256_file(Path(info.path) / "config.json"),
+            "weights_sha256": sha256_json([sha256_file(p) for p in weights])}
+
+
+def file_sha(path: Path, known: dict) -> str:
+    """sha256 of `path`, trusting `known["sha256"]` when size and mtime match `known["stat"]`."""
+    if known.get("stat") == stat_of(path) and known.get("sha256"):
+        return known["sha256"]
+    return onnxio.sha256(path)
+
+
+def stat_of(path: Path) -> list[int]:
+    st = Path(path).stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def up_to_date(artifact: Path, record_file: Path, key: str) -> dict | None:
+    """The artifact's record if it exists, matches `key` and the file is unchanged; else None."""
+    record = manifest.read_if_exists(record_file)
+    if not record or record.get("key") != key or not Path(artifact).is_file():
+        return None
+    known = record.get("engine", record)  # engine manifests keep hash and stat under "engine"
+    if file_sha(artifact, known) != known.get("sha256"):
+        return None
+    return record
+
+
+def write_record(artifact: Path, record: dict) -> dict:
+    record = {**record, "sha256": onnxio.sha256(artifact), "stat": stat_of(artifact)}
+    manifest.write(manifest.record_path(artifact), record)
+    return manifest.read(manifest.record_path(artifact))
+
+
+def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
+    """Stage 1: the verified FP32 ONNX and its record."""
+    from trt_seer.export import OPSET
+
+    dest = art.path("fp32.onnx")
+    source = checkpoint_fingerprint(info)
+    key = sha256_json({"source": source, "task": info.task, "opset": OPSET, "trt_seer": __version__})
+    record = None if force else up_to_date(dest, manifest.record_path(dest), key)
+    if record:
+        log.info("fp32 ONNX up to date: %s", dest)
+        return record
+    from trt_seer.export import onnx_from_checkpoint
+
+    log.info("exporting %s (%s, %s) to ONNX ...", info.name, info.model_type, info.task)
+    report = onnx_from_checkpoint(info, dest)
+    log.info("export verified against PyTorch: %s", _fmt_verification(report))
+    return write_record(dest, {"kind": "onnx", "precision": "fp32", "key": key, "name": info.name,
+                               "task": info.task, "model_type": info.model_type, "source": source,
+                               "io": onnxio.describe_io(onnxio.load(dest, False)), "verification": report})
+
+
+def _fmt_verification(report: dict) -> str:
+    return ", ".join(f"{k} max |Δ| {v['max_abs_diff']:.2e}" for k, v in report["outputs"].items())
+
+
+def fp16_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = False) -> dict:
+    """Stage 2: the FP16-typed ONNX, with its accuracy against FP32 on held-out data."""
+    from trt_seer.precision import KEEP_FP32_OPS
+
+    src, dest = art.path("fp32.onnx"), art.path("fp16.onnx")
+    key = sha256_json({"fp32": fp32["sha256"], "keep": sorted(KEEP_FP32_OPS), "trt_seer": __version__})
+    record = None if force else up_to_date(dest, manifest.record_path(dest), key)
+    if record:
+        log.info("fp16 ONNX up to date: %s", dest)
+        return record
+    from trt_seer.evaluate import compare_onnx, eval_batches
+    from trt_seer.precision import fp16_from_onnx
+
+    log.info("converting to an FP16-typed graph ...")
+    fp16_from_onnx(src, dest)
+    accuracy = compare_onnx(info, src, dest, eval_batches(info))
+    log.info("fp16 vs fp32 (ONNX Runtime, held-out data): %s", _fmt_metrics(accuracy))
+    return write_record(dest, {**_inherit(fp32), "precision": "fp16", "key": key,
+                               "fp32_sha256": fp32["sha256"], "accuracy": {"onnx_vs_fp32": accuracy}})
+
+
+def _inherit(record: dict) -> dict:
+    keep = ("kind", "name", "task", "model_type", "source", "io")
+    return {k: record[k] for k in keep if k in record}
+
+
+def _fmt_metrics(m: dict) -> str:
+    return ", ".join(f"{k} {v:.5g}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items())
+
+
+def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tuple[dict, bool]:
+    """Stage 3: the TensorRT engine + manifest. Returns (manifest, rebuilt)."""
+    from trt_seer import trt as trt_adapter
+    from trt_seer.build import cache_key, engine_from_onnx
+
+    onnx_path = art.path(f"{onnx_record['precision']}.onnx")
+    engine_path = art.path(f"{spec.precision}.engine")
+    key = cache_key(onnx_record["sha256"], spec, trt_adapter.load())
+    current = None if force else up_to_date(engine_path, manifest.engine_manifest_path(engine_path), key)
+    if current:
+        return current, False
+    extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source") if k in onnx_record}
+    extra["onnx_record"] = manifest.record_path(onnx_path).name
+    extra["accuracy"] = onnx_record.get("accuracy", {})
+    log.info("building the %s engine with %s ...", spec.precision, trt_adapter.load().name)
+    built = engine_from_onnx(onnx_path, engine_path, spec, art.path("timing.cache"), extra)
+    return built, True
