@@ -41,12 +41,19 @@ def atomic_path(dest: Path):
     dest = Path(dest)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the result should read like any file
     try:
         yield Path(tmp)
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(dest: Path, data: bytes) -> Path:

@@ -27,7 +27,17 @@ def add_parser(subparsers, common):
     common.add_calib_args(p)
     a = p.add_argument_group("INT8 accuracy gate")
     a.add_argument("--min-cosine", type=float, default=0.99, help="min mean embedding cosine (default 0.99)")
+    a.add_argument("--min-cosine-each", type=float, default=0.97,
+                   help="min embedding cosine of the worst held-out sample (default 0.97)")
     a.add_argument("--min-top1", type=float, default=0.99, help="min top-1 agreement (default 0.99)")
+    a.add_argument("--int8-attention", action="store_true",
+                   help="also quantize attention batched matmuls (faster, less accurate)")
+    a.add_argument("--smooth-alpha", type=float, default=0.5,
+                   help="SmoothQuant migration strength before INT8, 0 disables (default 0.5)")
+    a.add_argument("--calib-cache", metavar="PATH", default=None,
+                   help="where to write TensorRT's calibration.cache (default calib/<name>/calibration.cache)")
+    a.add_argument("--from-cache", metavar="PATH", default=None,
+                   help="take activation ranges from an existing TensorRT calibration cache")
     common.add_output_args(p)
     p.add_argument("--force", action="store_true", help="rebuild every stage even when up to date")
     common.add_verbosity(p)

@@ -75,8 +75,8 @@ def add_calib_args(p: argparse.ArgumentParser) -> None:
                    help="representative data: .txt (one sample per line), .jsonl/.csv (see --text-field) "
                         "or a directory of .npz token batches (default: the corpus in calib/)")
     g.add_argument("--text-field", default="text", help="text field of .jsonl/.csv data (default: text)")
-    g.add_argument("--calib-samples", type=positive_int, default=512, metavar="N",
-                   help="calibration samples to use (default: 512)")
+    g.add_argument("--calib-samples", type=positive_int, default=256, metavar="N",
+                   help="calibration samples to use (default: 256)")
     g.add_argument("--calib-batch", type=positive_int, default=16, metavar="B",
                    help="calibration batch size (default: 16)")
     g.add_argument("--calib-method", choices=("entropy", "max", "percentile"), default="entropy",

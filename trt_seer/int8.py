@@ -1,0 +1,261 @@
+"""The INT8 stage of `build --int8`: calibration data -> KL ranges -> Q/DQ ONNX, gated by accuracy
+on held-out data, with automatic per-layer precision fallback.
+
+    FP32 ONNX --(ORT CPU, histograms, KL)--> amax --(quantize.py on the FP16 graph)--> Q/DQ ONNX
+    gate: task metric vs FP32 on held-out samples; on failure the layers that add the most error
+    go back to FP16 until the gate passes (or exit 1 with the table).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trt_seer import __version__, data, manifest, onnxio, pipeline
+from trt_seer.errors import AccuracyGateError, InputError
+from trt_seer.families import ModelInfo, ShapeProfile
+from trt_seer.files import sha256_file, sha256_json
+
+log = logging.getLogger(__name__)
+HELDOUT_EVERY = 5  # user data: every 5th sample is held out for the gate
+HELDOUT_SAMPLES = 160
+
+
+@dataclass(frozen=True)
+class Gate:
+    min_cosine: float = 0.99  # mean sentence-embedding cosine
+    min_cosine_each: float = 0.97  # worst sample
+    min_top1: float = 0.99  # classification / LM top-1 agreement
+
+    def check(self, task: str, m: dict) -> list[str]:
+        """The failed conditions, empty when the metrics pass."""
+        if task == "feature-extraction":
+            fails = [f"mean cosine {m['mean_cosine']:.4f} < {self.min_cosine}"] if m["mean_cosine"] < self.min_cosine else []
+            if m["min_cosine"] < self.min_cosine_each:
+                fails.append(f"min cosine {m['min_cosine']:.4f} < {self.min_cosine_each}")
+            return fails
+        return [f"top-1 agreement {m['top1_agreement']:.4f} < {self.min_top1}"] if m["top1_agreement"] < self.min_top1 else []
+
+
+@dataclass(frozen=True)
+class CalibData:
+    """Calibration and held-out feeds, and a fingerprint of where they came from."""
+
+    calib: list
+    heldout: list
+    fingerprint: str
+
+
+def _npz_batches(folder: Path) -> list[dict]:
+    files = sorted(folder.glob("*.npz"))
+    if not files:
+        raise InputError(f"calibration directory {folder} holds no .npz token batches")
+    out = []
+    for f in files:
+        try:
+            with np.load(f) as z:
+                out.append({k: z[k].astype(np.int64) for k in z.files})
+        except (OSError, ValueError) as e:
+            raise InputError(f"unreadable calibration batch {f}: {e}") from e
+    return out
+
+
+def _text_data(info: ModelInfo, args, profile: ShapeProfile) -> CalibData:
+    if args.calib is None:
+        src, held = data.default_corpus("default"), data.default_corpus("heldout")
+        texts, held_texts = data.load_texts(src), data.load_texts(held)
+        fp = sha256_json([sha256_file(src), sha256_file(held)])
+    else:
+        src = Path(args.calib)
+        every = data.load_texts(src, args.text_field)
+        held_texts = every[HELDOUT_EVERY - 1::HELDOUT_EVERY]
+        texts = [t for i, t in enumerate(every) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1]
+        fp = sha256_file(src)
+    texts = texts[:args.calib_samples]
+    if len(texts) < args.calib_batch:
+        raise InputError(f"{len(texts)} calibration samples are fewer than one batch ({args.calib_batch}); "
+                         "pass more data or a smaller --calib-batch")
+    calib = list(data.token_batches(info, texts, profile, args.calib_batch))
+    heldout = list(data.token_batches(info, held_texts[:HELDOUT_SAMPLES], profile, 16))
+    return CalibData(calib, heldout, fp)
+
+
+def load_calib_data(info: ModelInfo, args, profile: ShapeProfile) -> CalibData:
+    if args.calib is not None and Path(args.calib).is_dir():
+        batches = _npz_batches(Path(args.calib))
+        held = batches[HELDOUT_EVERY - 1::HELDOUT_EVERY] or batches[-1:]
+        calib = [b for i, b in enumerate(batches) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1] or batches
+        fp = sha256_json([sha256_file(f) for f in sorted(Path(args.calib).glob("*.npz"))])
+        return CalibData(calib, held, fp)
+    if args.calib is not None and not Path(args.calib).exists():
+        raise InputError(f"calibration data not found: {args.calib}")
+    return _text_data(info, args, profile)
+
+
+def cache_path(info: ModelInfo, args) -> Path:
+    """Where calibration.cache goes: --calib-cache, else calib/<name>/ under the current directory."""
+    return Path(args.calib_cache) if getattr(args, "calib_cache", None) else Path("calib") / info.name / "calibration.cache"
+
+
+def _ranges(fp32_path: Path, tensors: dict, cd: CalibData, args) -> dict[str, float]:
+    """amax per activation tensor: from a seed cache (--from-cache) or by calibration."""
+    from trt_seer import calibrate
+
+    names = sorted(set(tensors.values()))
+    seed = getattr(args, "from_cache", None)
+    if seed:
+        scales = calibrate.read_cache(Path(seed))
+        missing = [n for n in names if n not in scales]
+        if missing:
+            raise InputError(f"calibration cache {seed} is for other tensors: it lacks {len(missing)} of "
+                             f"{len(names)} (e.g. {missing[0]})")
+        return {n: scales[n] * calibrate.INT8_MAX for n in names}
+    log.info("calibrating %d activation tensors on %d batches (%s) ...", len(names), len(cd.calib),
+             args.calib_method)
+    return calibrate.collect_ranges(fp32_path, cd.calib, names, calibrate.CalibSpec(method=args.calib_method))
+
+
+def _write_cache(path: Path, amax: dict[str, float]) -> None:
+    from trt_seer import calibrate, trt
+
+    v = trt.load().version if trt.available() else None
+    tag = calibrate.cache_version_tag(v.major, v.minor, v.micro) if v else "0"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    calibrate.write_cache(path, calibrate.scales_from_ranges(amax), tag)
+
+
+def _quantized(fp16_path: Path, dest: Path, amax_by_input: dict, exclude: frozenset, task: str, attention: bool) -> int:
+    """Writes the Q/DQ graph with `exclude` kept in FP16; returns how many GEMMs are INT8."""
+    from trt_seer import quantize
+
+    model = onnxio.load(fp16_path)
+    targets = quantize.find_targets(model, quantize.QuantSpec(attention, exclude), task)
+    quantize.qdq_model(model, amax_by_input, targets)
+    onnxio.save(model, dest)
+    return len(targets)
+
+
+def _gate_table(rows: list[tuple[str, dict, list[str]]]) -> str:
+    keys = [k for k in rows[0][1] if k != "samples"]
+    lines = ["  " + " | ".join(["INT8 layers kept in FP16".ljust(26), *(k.rjust(12) for k in keys), "gate"])]
+    for label, m, fails in rows:
+        vals = [f"{m[k]:12.5f}" for k in keys]
+        lines.append("  " + " | ".join([label.ljust(26), *vals, "pass" if not fails else "FAIL"]))
+    return "\n".join(lines)
+
+
+def data_fingerprint(args) -> str:
+    if args.calib is None:
+        return sha256_json([sha256_file(data.default_corpus(s)) for s in ("default", "heldout")])
+    src = Path(args.calib)
+    if src.is_dir():
+        return sha256_json([sha256_file(f) for f in sorted(src.glob("*.npz"))])
+    if not src.is_file():
+        raise InputError(f"calibration data not found: {src}")
+    return sha256_file(src)
+
+
+def _key(fp32: dict, fp16: dict, args, gate: Gate) -> str:
+    seed = getattr(args, "from_cache", None)
+    return sha256_json({
+        "fp32": fp32["sha256"], "fp16": fp16["sha256"], "data": data_fingerprint(args),
+        "samples": args.calib_samples, "batch": args.calib_batch, "method": args.calib_method,
+        "profile": [list(args.batch), list(args.seq)], "attention": args.int8_attention,
+        "smooth": args.smooth_alpha,
+        "gate": [gate.min_cosine, gate.min_cosine_each, gate.min_top1],
+        "seed": sha256_file(Path(seed)) if seed and Path(seed).is_file() else seed, "trt_seer": __version__,
+    })
+
+
+def _fallback(ctx: dict, order: list[str], rows: list) -> tuple[frozenset, dict, list]:
+    """Takes the layers that add the most error out of INT8 (1, 2, 4, ... of them) until the gate passes."""
+    k = 1
+    while True:
+        k = min(k, len(order))
+        excluded = frozenset(order[:k])
+        _quantized(ctx["fp16"], ctx["dest"], ctx["amax"], excluded, ctx["info"].task, ctx["attention"])
+        metrics = ctx["evaluate"]()
+        fails = ctx["gate"].check(ctx["info"].task, metrics)
+        rows.append((f"{k} most sensitive", metrics, fails))
+        if not fails or k == len(order):
+            return excluded, metrics, fails
+        k *= 2
+
+
+def _smoothed(fp32_path: Path, nodes: list[str], cd: CalibData, alpha: float, work: Path) -> tuple[Path, Path]:
+    """SmoothQuant-rewritten FP32 and FP16 graphs in `work` (or the originals when alpha is 0)."""
+    from trt_seer import smooth
+    from trt_seer.precision import fp16_from_onnx
+
+    model = onnxio.load(fp32_path)
+    xs = list(smooth.groups(model, nodes))
+    log.info("smoothing %d activation groups (alpha %.2f) ...", len(xs), alpha)
+    smooth.smooth_model(model, smooth.channel_absmax(fp32_path, cd.calib[:8], xs), alpha, nodes)
+    s32 = onnxio.save(model, work / "smooth.fp32.onnx")
+    return s32, fp16_from_onnx(s32, work / "smooth.fp16.onnx")
+
+
+def int8_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, args) -> dict:
+    """Builds (or reuses) the gated Q/DQ ONNX; returns its record."""
+    import tempfile
+
+    fp16 = pipeline.fp16_onnx(info, art, fp32, args.force)
+    gate = Gate(args.min_cosine, args.min_cosine_each, args.min_top1)
+    dest, key = art.path("int8.onnx"), _key(fp32, fp16, args, gate)
+    record = None if args.force else pipeline.up_to_date(dest, manifest.record_path(dest), key)
+    if record:
+        log.info("int8 ONNX up to date: %s", dest)
+        return record
+    with tempfile.TemporaryDirectory(prefix=".int8-", dir=art.out) as work:
+        extra = _calibrate_and_gate(info, art, args, gate, Path(work))
+    return write_int8_record(dest, fp32, fp16, key, extra)
+
+
+def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Gate, work: Path) -> dict:
+    from trt_seer import evaluate, layers, quantize
+
+    fp32_path, dest = art.path("fp32.onnx"), art.path("int8.onnx")
+    cd = load_calib_data(info, args, ShapeProfile(tuple(args.batch), tuple(args.seq)))
+    targets = quantize.find_targets(onnxio.load(art.path("fp16.onnx"), False),
+                                    quantize.QuantSpec(args.int8_attention), info.task)
+    nodes = [t.node for t in targets]
+    src32, base16 = fp32_path, art.path("fp16.onnx")
+    if args.smooth_alpha > 0:
+        src32, base16 = _smoothed(fp32_path, nodes, cd, args.smooth_alpha, work)
+    tensors = quantize.activation_tensors(onnxio.load(src32, False), targets)
+    amax_t = _ranges(src32, tensors, cd, args)
+    _write_cache(cache_path(info, args), amax_t)
+    ctx = {"info": info, "fp16": base16, "dest": dest, "gate": gate, "attention": args.int8_attention,
+           "amax": {k: amax_t[t] for k, t in tensors.items()},
+           "evaluate": lambda: evaluate.compare_onnx(info, fp32_path, dest, cd.heldout)}
+    _quantized(base16, dest, ctx["amax"], frozenset(), info.task, args.int8_attention)
+    metrics = ctx["evaluate"]()
+    fails = gate.check(info.task, metrics)
+    rows, excluded = [("none", metrics, fails)], frozenset()
+    if fails:
+        log.info("INT8 misses the gate (%s); measuring per-layer sensitivity ...", "; ".join(fails))
+        profile_rows = layers.layer_error_profile(fp32_path, dest, cd.heldout[:4], nodes)
+        order = [r["node"] for r in sorted(profile_rows, key=lambda r: -r["added_error"])]
+        excluded, metrics, fails = _fallback(ctx, order, rows)
+    table = _gate_table(rows)
+    log.info("INT8 accuracy vs FP32 on %d held-out samples:\n%s", metrics["samples"], table)
+    if fails:
+        dest.unlink(missing_ok=True)
+        raise AccuracyGateError("INT8 cannot pass the accuracy gate even with every layer in FP16 ("
+                                + "; ".join(fails) + ")\n" + table)
+    return {
+        "calibration": {"method": args.calib_method, "batches": len(cd.calib), "data": args.calib or "calib/default.txt",
+                        "cache": str(cache_path(info, args)), "seeded_from": getattr(args, "from_cache", None),
+                        "smooth_alpha": args.smooth_alpha},
+        "quantization": {"int8_gemms": len(targets) - len(excluded), "fp16_gemms": sorted(excluded),
+                         "attention": args.int8_attention},
+        "accuracy": {"onnx_vs_fp32": metrics, "gate": {"passed": True, "thresholds": gate.__dict__,
+                                                        "table": [[r[0], r[1], not r[2]] for r in rows]}}}
+
+
+def write_int8_record(dest: Path, fp32: dict, fp16: dict, key: str, extra: dict) -> dict:
+    base = {k: fp32[k] for k in ("kind", "name", "task", "model_type", "source", "io") if k in fp32}
+    return pipeline.write_record(dest, {**base, "precision": "int8", "key": key, "fp32_sha256": fp32["sha256"],
+                                        "fp16_sha256": fp16["sha256"], **extra})
