@@ -1,0 +1,74 @@
+"""Wall time and peak RSS of each build stage for the default model, as whole processes.
+
+    python tools/bench_build.py [--append docs/BENCHMARKS.md]
+
+Runs, in a fresh temporary output directory: `export` (FP32 ONNX + verification), `export --fp16`
+(FP16 conversion + its accuracy check, export cached), `build --fp16` (engine only, ONNX cached),
+`build --fp16` again (cache hit), and a fresh end-to-end `build --fp16` in a second directory.
+Targets: end to end <= 40 s on 2 cores; cache hit <= 2 s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STEPS = (
+    ("export (FP32 ONNX, verified)", ["export"], "a"),
+    ("FP16 conversion + accuracy check", ["export", "--fp16"], "a"),
+    ("engine build (FP16)", ["build", "--fp16"], "a"),
+    ("cache hit (`build --fp16` again)", ["build", "--fp16"], "a"),
+    ("end to end `build --fp16`", ["build", "--fp16"], "b"),
+)
+
+
+def timed(cmd: list[str]) -> tuple[float, float, int]:
+    """(wall seconds, peak RSS MiB of the child, exit code)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "TQDM_DISABLE": "1"})
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if status != 0:
+        sys.stderr.write(proc.stderr.read().decode()[-2000:])
+    return wall, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--append", default=None, help="append the table to this Markdown file")
+    args = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, sub, out in STEPS:
+            wall, rss, rc = timed([sys.executable, "-m", "trt_seer", *sub, "--out", f"{tmp}/{out}"])
+            if rc != 0:
+                print(f"{label}: exit code {rc}", file=sys.stderr)
+                return rc
+            rows.append((label, wall, rss))
+            print(f"{label:40s} {wall:7.1f} s {rss:8.0f} MiB", flush=True)
+    table = "\n".join([f"\n## Build stages, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+                       f"Machine: {machine()}. Command: `python tools/bench_build.py`. Whole processes "
+                       "(`python -m trt_seer ...`), default model, TensorRT-RTX builder on CPU.", "",
+                       "| step | wall s | peak RSS MiB |", "|---|---:|---:|",
+                       *(f"| {label} | {wall:.1f} | {rss:.0f} |" for label, wall, rss in rows)])
+    print(table)
+    if args.append:
+        with open(args.append, "a") as f:
+            f.write(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
