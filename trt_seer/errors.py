@@ -37,3 +37,12 @@ class BuildError(TrtSeerError):
 
 class ManifestMismatchError(InputError):
     """An engine's manifest does not match this runtime (flavor, version, GPU). Exit code 2."""
+
+
+class CudaError(TrtSeerError):
+    """A CUDA runtime call failed; `name` is CUDA's error name (cudaErrorMemoryAllocation, ...)."""
+
+    def __init__(self, message: str, code: int = -1, name: str = ""):
+        super().__init__(message)
+        self.code = code
+        self.name = name

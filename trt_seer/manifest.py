@@ -9,7 +9,8 @@ Engine manifest (`<name>.<precision>.manifest.json`) keys:
   profiles [{batch: [min, opt, max], seq: [min, opt, max]}],
   io {inputs: [{name, dtype, shape}], outputs: [...]}   (-1 marks a dynamic axis),
   build {key, settings, seconds, finished_at},
-  accuracy {<stage>: {...}}   (filled by the stage that measures it).
+  accuracy {<stage>: {...}}   (filled by the stage that measures it),
+  bench {measured_at, label, path, machine, seq, points: [{batch, p50_ms, ...}], ...}   (by `bench`).
 ONNX records (`<file>.onnx.json`) hold {kind, precision, sha256, key, source, io, verification}.
 """
 from __future__ import annotations
@@ -74,5 +75,13 @@ def update_accuracy(path: Path, stage: str, metrics: dict) -> dict:
     """Merges `metrics` under accuracy[stage] and rewrites the manifest atomically."""
     data = read(path)
     data.setdefault("accuracy", {})[stage] = metrics
+    atomic_write_json(path, data)
+    return data
+
+
+def update_section(path: Path, key: str, value) -> dict:
+    """Sets the top-level `key` (e.g. `bench`) to `value` and rewrites the manifest atomically."""
+    data = read(path)
+    data[key] = value
     atomic_write_json(path, data)
     return data

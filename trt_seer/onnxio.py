@@ -42,6 +42,8 @@ def save(model, dest: Path) -> Path:
         if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
             onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
                             location=data_path(dest).name, size_threshold=1024)
+            # save_model moved the weights out of `model`; give the caller its model back whole
+            onnx.external_data_helper.load_external_data_for_model(model, str(tmp.parent))
         else:
             onnx.save_model(model, tmp)
     return Path(dest)

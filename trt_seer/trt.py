@@ -50,6 +50,11 @@ class Flavor:
         """Legacy calibrator API (TensorRT <= 10); removed in TensorRT 11 and absent in RTX."""
         return hasattr(self.trt, "IInt8EntropyCalibrator2") and hasattr(self.trt.BuilderFlag, "INT8")
 
+    @property
+    def has_runtime_cache(self) -> bool:
+        """TensorRT-RTX's on-disk cache of JIT-compiled kernels (IRuntimeConfig/IRuntimeCache)."""
+        return hasattr(self.trt, "IRuntimeCache") and hasattr(self.trt, "IRuntimeConfig")
+
     def describe(self) -> dict:
         return {"flavor": self.name, "version": str(self.version)}
 
@@ -167,6 +172,17 @@ def target_allows(targets: dict, device_cc: tuple[int, int], build_cc: str | Non
     if mode == "same-cc":
         return build_cc is None or dev.major == Version(build_cc).major and dev.minor == Version(build_cc).minor
     return build_cc is None or str(dev) == build_cc
+
+
+def engine_version_compatible(flavor_name: str, built: str, installed: str | Version,
+                              version_compatible: bool = False) -> bool:
+    """Whether an engine serialized by release `built` deserializes in release `installed` of the
+    same flavor: only the same release (major.minor.patch), except TensorRT engines built with the
+    version-compatible flag, which also load in later releases."""
+    b, i = Version(str(built)), Version(str(installed))
+    if version_compatible and flavor_name == "tensorrt":
+        return i >= b
+    return b.release[:3] == i.release[:3]
 
 
 def make_progress_monitor(flavor: Flavor):

@@ -1,0 +1,456 @@
+"""The runtime on CPU: the full API on the ONNX Runtime backend with small graphs built here,
+input validation (shared with the TensorRT backend), the manifest checks an engine must pass
+before it is deserialized, backend selection and fallback, import hygiene and `run`."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+from trt_seer import manifest, onnxio
+from trt_seer.errors import DependencyError, InputError, ManifestMismatchError
+from trt_seer.runtime import load, onnx_sibling, tensorrt_unavailable_reason
+from trt_seer.runtime.engine import check_manifest, runtime_cache_path
+from trt_seer.runtime.io import IOSpec, specs_from_description, validate_feeds
+from trt_seer.runtime.ort import OnnxRuntimeModel
+
+OPSET = 17
+
+
+def build_graph(path, *, task="feature-extraction", features=False, fp16=False):
+    """A small ONNX model with the default model's calling convention and a known result:
+    masked = ids * mask (float), pooled = sum over seq; "classify" adds logits [p, 10 - p, 5]."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    f32 = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+              for n in ("input_ids", "attention_mask")]
+    nodes = [
+        helper.make_node("Cast", ["input_ids"], ["ids_f"], to=f32),
+        helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=f32),
+        helper.make_node("Mul", ["ids_f", "mask_f"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "axis1"], ["pooled"], keepdims=0),
+    ]
+    inits = [helper.make_tensor("axis1", TensorProto.INT64, [1], [1])]
+    outputs = [helper.make_tensor_value_info("masked", f32, ["batch", "seq"]),
+               helper.make_tensor_value_info("pooled", f32, ["batch"])]
+    if task == "text-classification":
+        nodes += [helper.make_node("Unsqueeze", ["pooled", "axis1"], ["p"]),
+                  helper.make_node("Sub", ["ten", "p"], ["q"]),
+                  helper.make_node("Mul", ["p", "zero"], ["z"]),
+                  helper.make_node("Add", ["z", "five"], ["r"]),
+                  helper.make_node("Concat", ["p", "q", "r"], ["logits"], axis=1)]
+        inits += [helper.make_tensor(n, f32, [], [v]) for n, v in (("ten", 10.0), ("zero", 0.0), ("five", 5.0))]
+        outputs = [helper.make_tensor_value_info("logits", f32, ["batch", 3])]
+    if task == "feature-extraction-embedding":  # sentence_embedding = [p, 2p]
+        nodes += [helper.make_node("Unsqueeze", ["pooled", "axis1"], ["p"]),
+                  helper.make_node("Add", ["p", "p"], ["p2"]),
+                  helper.make_node("Concat", ["p", "p2"], ["sentence_embedding"], axis=1)]
+        outputs = [helper.make_tensor_value_info("sentence_embedding", f32, ["batch", 2])]
+    if features:
+        inputs.append(helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 4]))
+        nodes.append(helper.make_node("Add", ["features", "features"], ["doubled"]))
+        outputs.append(helper.make_tensor_value_info("doubled", TensorProto.FLOAT, ["batch", 4]))
+    graph = helper.make_graph(nodes, "tiny", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnxio.save(model, path)
+    return path
+
+
+def write_record(onnx_path, **extra):
+    io = onnxio.describe_io(onnxio.load(onnx_path))
+    manifest.write(manifest.record_path(onnx_path), {"kind": "onnx", "precision": "fp32", "io": io, **extra})
+
+
+def token_feeds(batch, seq, seed=0, features=False):
+    rng = np.random.default_rng(seed)
+    feeds = {"input_ids": rng.integers(1, 50, size=(batch, seq), dtype=np.int64),
+             "attention_mask": np.ones((batch, seq), dtype=np.int64)}
+    feeds["attention_mask"][0, seq // 2:] = 0
+    if features:
+        feeds["features"] = rng.standard_normal((batch, 4)).astype(np.float32)
+    return feeds
+
+
+@pytest.fixture
+def tiny_onnx(tmp_path):
+    return build_graph(tmp_path / "tiny.fp32.onnx")
+
+
+# --- the ONNX Runtime backend --------------------------------------------------------------------
+
+@pytest.mark.parametrize("batch,seq", [(1, 1), (3, 7), (5, 64)])
+def test_infer_matches_the_graphs_arithmetic_at_dynamic_shapes(tiny_onnx, batch, seq):
+    feeds = token_feeds(batch, seq, seed=batch * seq)
+    with load(tiny_onnx) as m:
+        out = m.infer(feeds)
+    masked = (feeds["input_ids"] * feeds["attention_mask"]).astype(np.float32)
+    assert set(out) == {"masked", "pooled"}
+    np.testing.assert_array_equal(out["masked"], masked)
+    np.testing.assert_allclose(out["pooled"], masked.sum(axis=1), rtol=1e-6)
+    assert out["pooled"].dtype == np.float32 and out["pooled"].shape == (batch,)
+
+
+def test_model_describes_itself_from_the_session_without_a_record(tiny_onnx):
+    with load(tiny_onnx) as m:
+        assert m.backend == "onnxruntime" and m.manifest is None
+        assert m.input_names == ("input_ids", "attention_mask")
+        assert m.inputs[0] == IOSpec("input_ids", "int64", (-1, -1), ("batch", "seq"))
+        assert m.outputs[1].shape == (-1,)
+        assert m.last_gpu_ms is None
+
+
+def test_record_supplies_io_and_profile_bounds(tiny_onnx):
+    write_record(tiny_onnx, profiles=[{"batch": [1, 2, 4], "seq": [2, 8, 16]}], task="feature-extraction")
+    with load(tiny_onnx) as m:
+        assert m.manifest["task"] == "feature-extraction"
+        assert m.inputs[0].min_shape == (1, 2) and m.inputs[0].max_shape == (4, 16)
+        m.infer(token_feeds(4, 16))  # the profile's max is allowed
+        with pytest.raises(InputError, match=r"outside the profile \[1, 2\]\.\.\[4, 16\]"):
+            m.infer(token_feeds(5, 8))
+        with pytest.raises(InputError, match="outside the profile"):
+            m.infer(token_feeds(2, 1))
+
+
+def test_stale_record_is_a_manifest_mismatch(tiny_onnx):
+    manifest.write(manifest.record_path(tiny_onnx), {"io": {
+        "inputs": [{"name": "ids", "dtype": "int64", "shape": [-1, -1]}],
+        "outputs": [{"name": "pooled", "dtype": "float32", "shape": [-1]}]}})
+    with pytest.raises(ManifestMismatchError, match=r"lists inputs \['ids'\].*re-export"):
+        load(tiny_onnx)
+
+
+def test_session_options(tiny_onnx):
+    import onnxruntime as ort
+
+    with load(tiny_onnx, threads=1) as m:
+        so = m.session.get_session_options()
+        assert so.intra_op_num_threads == 1
+        assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        assert so.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
+
+
+def test_fp16_typed_graph_runs_and_returns_fp16(tmp_path):
+    path = build_graph(tmp_path / "tiny.fp16.onnx", fp16=True)
+    feeds = token_feeds(2, 5)
+    with load(path) as m:
+        out = m.infer(feeds)
+    assert out["pooled"].dtype == np.float16
+    expected = (feeds["input_ids"] * feeds["attention_mask"]).sum(axis=1)
+    np.testing.assert_allclose(out["pooled"].astype(np.float64), expected, rtol=1e-3)
+
+
+def test_infer_async_and_concurrent_threads(tiny_onnx):
+    with load(tiny_onnx) as m:
+        pending = m.infer_async(token_feeds(2, 3))
+        assert pending.done() and pending.result()["pooled"].shape == (2,)
+        with pytest.raises(InputError, match="takes no CUDA stream"):
+            m.infer_async(token_feeds(2, 3), stream=7)
+        results, errors = {}, []
+
+        def worker(i):
+            try:
+                results[i] = m.infer(token_feeds(1 + i % 3, 4 + i, seed=i))["pooled"]
+            except Exception as e:  # collected and asserted below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors
+    for i, got in results.items():
+        f = token_feeds(1 + i % 3, 4 + i, seed=i)
+        np.testing.assert_allclose(got, (f["input_ids"] * f["attention_mask"]).sum(1), rtol=1e-6)
+
+
+def test_closed_model_refuses_calls(tiny_onnx):
+    m = load(tiny_onnx)
+    m.close()
+    m.close()  # idempotent
+    with pytest.raises(InputError, match="is closed"):
+        m.infer(token_feeds(1, 2))
+
+
+# --- validation: one message per mistake, on every backend ---------------------------------------
+
+@pytest.fixture
+def feature_onnx(tmp_path):
+    return build_graph(tmp_path / "feat.fp32.onnx", features=True)
+
+
+BAD_FEEDS = {
+    "missing": (lambda f: {k: v for k, v in f.items() if k != "attention_mask"},
+                r"missing input\(s\) attention_mask; the model takes input_ids: int64\[batch, seq\]"),
+    "unknown": (lambda f: {**f, "position_ids": f["input_ids"]}, r"unknown input\(s\) position_ids"),
+    "dtype": (lambda f: {**f, "input_ids": f["input_ids"].astype(np.int32)},
+              r"input input_ids has dtype int32; the model takes int64 \(convert with \.astype\(np\.int64\)\)"),
+    "rank": (lambda f: {**f, "input_ids": f["input_ids"][0]}, r"input input_ids has rank 1 \(shape \[6\]\); "
+             r"the model takes rank 2"),
+    "fixed axis": (lambda f: {**f, "features": np.zeros((2, 5), np.float32)},
+                   r"input features has shape \[2, 5\]; axis 1 must be 4"),
+    "shared axis": (lambda f: {**f, "attention_mask": np.ones((2, 7), np.int64)},
+                    r"inputs input_ids and attention_mask disagree on the seq axis: 6 vs 7"),
+    "empty": (lambda f: {k: v[:, :0] if v.dtype == np.int64 else v for k, v in f.items()},
+              r"input input_ids has shape \[2, 0\]; axis 1 is empty"),
+    "not a dict": (lambda f: list(f.values()), r"feeds must be a dict of input name -> array, got list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FEEDS))
+def test_bad_feeds_fail_before_running_with_one_clear_message(feature_onnx, case):
+    change, message = BAD_FEEDS[case]
+    with load(feature_onnx) as m:
+        with pytest.raises(InputError, match=message):
+            m.infer(change(token_feeds(2, 6, features=True)))
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FEEDS))
+def test_engine_specs_from_a_manifest_give_the_same_messages(feature_onnx, case):
+    """The TensorRT backend validates with specs read from the engine and its manifest; the
+    messages must match the ONNX Runtime backend's word for word."""
+    change, _ = BAD_FEEDS[case]
+    io = onnxio.describe_io(onnxio.load(feature_onnx))
+    engine_like = specs_from_description(io["inputs"])
+    feeds = change(token_feeds(2, 6, features=True))
+    with pytest.raises(InputError) as from_manifest:
+        validate_feeds(engine_like, feeds, allow_device=True)
+    with load(feature_onnx) as m, pytest.raises(InputError) as from_ort:
+        m.infer(feeds)
+    assert str(from_manifest.value) == str(from_ort.value)
+
+
+def test_tensorrt_dtype_names_in_manifests_are_understood():
+    specs = specs_from_description([{"name": "x", "dtype": "float", "shape": [-1, 4]},
+                                    {"name": "y", "dtype": "half", "shape": [2]}],
+                                   {"batch": [1, 2, 8], "seq": [1, 4, 16]})
+    assert [s.dtype for s in specs] == ["float32", "float16"]
+    assert specs[0].min_shape == (1, 4) and specs[0].max_shape == (8, 4)
+
+
+def test_gpu_tensors_are_refused_by_the_cpu_backend(tiny_onnx):
+    class DeviceArray:  # what torch/cupy CUDA tensors expose
+        shape = (1, 2)
+        __cuda_array_interface__ = {"shape": (1, 2), "typestr": "<i8", "data": (1 << 20, False), "version": 3}
+
+    with load(tiny_onnx) as m, pytest.raises(InputError, match="input input_ids is a GPU tensor"):
+        m.infer({"input_ids": DeviceArray(), "attention_mask": np.ones((1, 2), np.int64)})
+
+
+def test_strided_cuda_view_is_refused_before_binding():
+    from trt_seer.runtime.io import from_cuda_array_interface
+
+    class View:
+        __cuda_array_interface__ = {"shape": (2, 3), "typestr": "<i8", "data": (4096, False),
+                                    "strides": (8, 16), "version": 3}
+
+    with pytest.raises(InputError, match="strided GPU view"):
+        from_cuda_array_interface(View(), "input_ids")
+    View.__cuda_array_interface__ = {**View.__cuda_array_interface__, "strides": (24, 8), "stream": 1}
+    t = from_cuda_array_interface(View(), "input_ids")
+    assert (t.ptr, t.shape, t.dtype, t.stream, t.nbytes) == (4096, (2, 3), np.dtype("int64"), 1, 48)
+
+
+# --- manifests an engine must match before it is deserialized ------------------------------------
+
+def engine_manifest(tmp_path, flavor="tensorrt_rtx", version="1.7.1.116", targets=None, **build):
+    path = tmp_path / "m.fp16.engine"
+    data = {"name": "m", "precision": "fp16", "task": "feature-extraction",
+            "engine": {"file": path.name, "sha256": "0" * 64, "size_bytes": 1},
+            "tensorrt": {"flavor": flavor, "version": version},
+            "targets": targets or {"mode": "ampere+", "compute_capabilities": []},
+            "profiles": [{"batch": [1, 8, 32], "seq": [8, 128, 256]}],
+            "io": {"inputs": [], "outputs": []}, "build": {"settings": build}}
+    manifest.write(manifest.engine_manifest_path(path), data)
+    return manifest.read_engine_manifest(manifest.engine_manifest_path(path))
+
+
+RTX = {"flavor": "tensorrt_rtx", "version": "1.7.1.116"}
+
+
+def test_matching_manifest_passes(tmp_path):
+    check_manifest(engine_manifest(tmp_path), RTX, (8, 9), "RTX 4090")
+    check_manifest(engine_manifest(tmp_path, version="1.7.1.200"), RTX, (9, 0))  # same release, other build
+
+
+def test_flavor_mismatch_names_both_sides(tmp_path):
+    m = engine_manifest(tmp_path, flavor="tensorrt", version="10.13.0.35")
+    with pytest.raises(ManifestMismatchError, match=r"built with tensorrt 10\.13\.0\.35; this runtime has "
+                                                    r"tensorrt_rtx 1\.7\.1\.116"):
+        check_manifest(m, RTX, (8, 9))
+
+
+def test_version_mismatch_names_both_sides(tmp_path):
+    m = engine_manifest(tmp_path, version="1.6.0.20")
+    with pytest.raises(ManifestMismatchError, match=r"built with tensorrt_rtx 1\.6\.0\.20; this runtime has "
+                                                    r"tensorrt_rtx 1\.7\.1\.116.*rebuild"):
+        check_manifest(m, RTX, (8, 9))
+
+
+def test_version_compatible_tensorrt_engines_load_in_later_releases(tmp_path):
+    trt10 = {"flavor": "tensorrt", "version": "10.14.1.48"}
+    m = engine_manifest(tmp_path, flavor="tensorrt", version="10.13.0.35", version_compatible=True)
+    check_manifest(m, trt10, (9, 0))
+    with pytest.raises(ManifestMismatchError):
+        check_manifest(engine_manifest(tmp_path, flavor="tensorrt", version="10.13.0.35"), trt10, (9, 0))
+
+
+def test_compute_capability_mismatch_names_both_sides(tmp_path):
+    listed = engine_manifest(tmp_path, targets={"mode": "listed", "compute_capabilities": ["8.6", "8.9"]})
+    check_manifest(listed, RTX, (8, 6))
+    with pytest.raises(ManifestMismatchError, match=r"targets compute capability 8\.6, 8\.9; H200 is 9\.0: "
+                                                    r"rebuild with --compute-capability 9\.0"):
+        check_manifest(listed, RTX, (9, 0), "H200")
+    with pytest.raises(ManifestMismatchError, match=r"targets compute capability ampere\+; T4 is 7\.5"):
+        check_manifest(engine_manifest(tmp_path), RTX, (7, 5), "T4")
+
+
+def test_artifact_naming():
+    assert runtime_cache_path("e/x.fp16.engine").name == "x.fp16.runtime.cache"
+    assert onnx_sibling("e/x.int8.engine").name == "x.int8.onnx"
+
+
+# --- load(): backends, options, fallback ---------------------------------------------------------
+
+def test_load_rejects_bad_requests(tiny_onnx, tmp_path):
+    with pytest.raises(InputError, match="unknown backend 'cuda'"):
+        load(tiny_onnx, backend="cuda")
+    with pytest.raises(InputError, match="is an ONNX graph; build an engine"):
+        load(tiny_onnx, backend="tensorrt")
+    with pytest.raises(InputError, match=r"unknown load option\(s\) thread;"):
+        load(tiny_onnx, thread=2)
+    with pytest.raises(InputError, match="neither a .engine nor a .onnx"):
+        load(tmp_path / "model.plan")
+    with pytest.raises(InputError, match="ONNX file not found"):
+        load(tmp_path / "missing.onnx")
+
+
+def test_engine_on_onnxruntime_backend_uses_its_sibling(tmp_path):
+    build_graph(tmp_path / "x.fp32.onnx")
+    with load(tmp_path / "x.fp32.engine", backend="onnxruntime") as m:
+        assert m.backend == "onnxruntime" and m.path.name == "x.fp32.onnx"
+
+
+no_trt = tensorrt_unavailable_reason()
+
+
+@pytest.mark.skipif(no_trt is None, reason="a GPU and TensorRT are usable here: nothing to fall back from")
+def test_auto_falls_back_to_the_sibling_onnx_and_says_so(tmp_path):
+    engine = tmp_path / "x.fp32.engine"
+    engine.write_bytes(b"not run here")
+    with pytest.raises(DependencyError, match="no x.fp32.onnx beside it"):
+        load(engine)
+    build_graph(tmp_path / "x.fp32.onnx")
+    fallback = r"running x\.fp32\.onnx on ONNX Runtime \(CPU\) instead of x\.fp32\.engine"
+    with pytest.warns(RuntimeWarning, match=fallback):
+        m = load(engine, contexts=2)  # engine-only options are ignored by the fallback
+    with m:
+        assert m.backend == "onnxruntime"
+        assert m.infer(token_feeds(1, 3))["pooled"].shape == (1,)
+    with pytest.raises(DependencyError, match="cannot run x.fp32.engine on TensorRT"):
+        load(engine, backend="tensorrt")
+
+
+@pytest.mark.skipif(no_trt is None, reason="a GPU and TensorRT are usable here")
+def test_reason_says_what_is_missing():
+    assert "cuda" in no_trt.lower() or "tensorrt" in no_trt.lower()
+
+
+# --- import hygiene ------------------------------------------------------------------------------
+
+def test_runtime_imports_no_torch_transformers_or_onnx(tiny_onnx, tmp_path):
+    engine = tmp_path / "y.fp32.engine"
+    build_graph(tmp_path / "y.fp32.onnx")
+    script = f"""
+import sys, warnings
+import numpy as np
+from trt_seer.runtime import load
+feeds = {{"input_ids": np.array([[3, 4, 5]]), "attention_mask": np.array([[1, 1, 0]])}}
+with load({str(tiny_onnx)!r}) as m:
+    assert m.infer(feeds)["pooled"].tolist() == [7.0]
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    try:
+        with load({str(engine)!r}) as m:   # TensorRT where usable, else the sibling ONNX
+            pass
+    except Exception as e:   # an engine that is not one: only the import side matters here
+        print("engine path:", type(e).__name__)
+print("HEAVY", sorted(n for n in ("torch", "transformers", "onnx") if n in sys.modules))
+"""
+    engine.write_bytes(b"x")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "HEAVY []" in r.stdout, r.stdout
+
+
+# --- the `run` command ---------------------------------------------------------------------------
+
+VOCAB = {"[PAD]": 0, "[UNK]": 1, "hello": 2, "world": 3, "foo": 4}
+
+
+@pytest.fixture
+def classifier(tmp_path):
+    """A classification graph with a record naming a checkpoint dir that holds a real tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    tok = Tokenizer(models.WordLevel(VOCAB, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(ckpt / "tokenizer.json"))
+    (ckpt / "config.json").write_text(json.dumps({"id2label": {"0": "big", "1": "small", "2": "mid"}}))
+    path = build_graph(tmp_path / "clf.fp32.onnx", task="text-classification")
+    write_record(path, task="text-classification", source={"checkpoint": str(ckpt)})
+    return path
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "trt_seer", "run", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+def expected_label(text):
+    p = sum(VOCAB.get(w, 1) for w in text.split())
+    logits = [p, 10 - p, 5]
+    return ["big", "small", "mid"][int(np.argmax(logits))], logits
+
+
+def test_run_cli_labels_texts_with_the_recorded_tokenizer(classifier, tmp_path):
+    texts = ["hello", "foo foo foo", "world hello unknown"]
+    file = tmp_path / "texts.txt"
+    file.write_text("\n".join(texts[1:]) + "\n\n")
+    r = run_cli(str(classifier), "--text", texts[0], "--file", str(file), "--json", "--batch-size", "2")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["backend"] == "onnxruntime" and doc["task"] == "text-classification"
+    assert [row["text"] for row in doc["results"]] == texts
+    for row in doc["results"]:
+        label, logits = expected_label(row["text"])
+        assert row["label"] == label and row["logits"] == pytest.approx(logits)
+
+
+def test_run_cli_prints_sentence_embeddings(classifier, tmp_path):
+    path = build_graph(tmp_path / "emb.fp32.onnx", task="feature-extraction-embedding")
+    write_record(path, task="feature-extraction", source={"checkpoint": str(tmp_path / "ckpt")})
+    r = run_cli(str(path), "--text", "hello world", "--text", "foo", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["results"]
+    assert [row["embedding"] for row in rows] == [[5.0, 10.0], [4.0, 8.0]]
+    assert rows[0]["dim"] == 2 and rows[0]["norm"] == pytest.approx(5 * 5 ** 0.5, rel=1e-5)
+
+
+def test_run_cli_plain_output_and_errors(classifier, tiny_onnx):
+    r = run_cli(str(classifier), "--text", "foo foo foo")
+    assert r.returncode == 0 and "'foo foo foo': label=big" in r.stdout, r.stderr
+    r = run_cli(str(classifier))
+    assert r.returncode == 2 and "nothing to run" in r.stderr
+    r = run_cli(str(tiny_onnx), "--text", "hi")  # no record: no checkpoint to take a tokenizer from
+    assert r.returncode == 2 and "pass --tokenizer DIR" in r.stderr

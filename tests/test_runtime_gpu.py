@@ -1,0 +1,363 @@
+"""The runtime on a GPU: the CUDA layer (pinned buffers, async copies, stream ordering, graphs,
+error names), then real engines built from a tiny BERT: outputs against ONNX Runtime and PyTorch,
+manifest checks before deserializing, zero-copy from torch, CUDA graphs, threads, the runtime
+cache and memory stability. Skips with the reason when cuda-python, a GPU, TensorRT or torch is
+missing."""
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from trt_seer import manifest, trt
+from trt_seer.errors import CudaError, DependencyError, InputError, ManifestMismatchError
+from trt_seer.runtime import cuda, load, tensorrt_unavailable_reason
+from trt_seer.runtime.engine import TensorRTModel
+
+pytestmark = pytest.mark.gpu
+CUDA_REASON = cuda.gpu_unavailable_reason()
+TRT_REASON = tensorrt_unavailable_reason()  # None: engines run here
+needs_cuda = pytest.mark.skipif(CUDA_REASON is not None, reason=f"no usable CUDA: {CUDA_REASON}")
+needs_trt = pytest.mark.skipif(TRT_REASON is not None, reason=f"no TensorRT that runs on this GPU: {TRT_REASON}")
+# A GPU and an importable TensorRT flavor, whether or not that flavor runs on this GPU.
+needs_gpu_and_trt_import = pytest.mark.skipif(CUDA_REASON is not None or not trt.available(),
+                                              reason=f"needs a GPU and TensorRT: {CUDA_REASON or 'no TensorRT'}")
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    return torch
+
+
+# --- the CUDA layer ------------------------------------------------------------------------------
+
+@needs_cuda
+def test_pinned_buffer_round_trip_and_memory_kinds():
+    rt = cuda.cudart()
+    with cuda.Stream() as s, cuda.HostDeviceBuffer(4 * MiB) as buf:
+        data = np.random.default_rng(0).standard_normal(MiB).astype(np.float32)
+        buf.host_view((MiB,), np.float32)[:] = data
+        buf.h2d_async(s)
+        buf.host_view((MiB,), np.float32)[:] = 0
+        buf.d2h_async(s)
+        s.synchronize()
+        np.testing.assert_array_equal(buf.host_view((MiB,), np.float32), data)
+        host = cuda.cuda_call(rt.cudaPointerGetAttributes(buf.host_ptr))
+        assert host.type == rt.cudaMemoryType.cudaMemoryTypeHost  # page-locked, not pageable
+        assert cuda.pointer_device(buf.device_ptr) == 0
+    assert buf.closed
+    buf.close()  # idempotent
+    with pytest.raises(CudaError):
+        buf.host_view((1,), np.float32)
+
+
+@needs_cuda
+def test_cuda_errors_carry_the_cuda_error_name():
+    with pytest.raises(CudaError, match="cudaErrorMemoryAllocation") as e:
+        cuda.HostDeviceBuffer(1 << 55)
+    assert e.value.name in ("cudaErrorMemoryAllocation",)
+    with cuda.HostDeviceBuffer(16) as buf:  # the failed allocation left no sticky error
+        assert buf.nbytes == 16
+
+
+@needs_cuda
+def test_streams_order_through_events_and_time_copies():
+    n = 64 * MiB
+    src, dst = cuda.HostDeviceBuffer(n), cuda.HostDeviceBuffer(n)
+    s1, s2 = cuda.Stream(), cuda.Stream()
+    start, copied = cuda.Event(), cuda.Event()
+    src.host_view((n,), np.uint8)[:] = 7
+    start.record(s1)
+    src.h2d_async(s1)
+    copied.record(s1)
+    s2.wait(copied)  # without this the device-to-device copy could read stale memory
+    cuda.copy_async(dst.device_ptr, src.device_ptr, n, "DeviceToDevice", s2)
+    dst.d2h_async(s2)
+    s2.synchronize()
+    assert copied.query() and (dst.host_view((n,), np.uint8) == 7).all()
+    ms = copied.elapsed_ms(start)
+    assert 0 < ms < 1000, ms
+    for owned in (src, dst, s1, s2, start, copied):
+        owned.close()
+
+
+@needs_cuda
+def test_graph_capture_and_replay():
+    n = MiB
+    with cuda.Stream() as s, cuda.HostDeviceBuffer(n) as a, cuda.HostDeviceBuffer(n) as b:
+        graph = cuda.CudaGraph.capture(s, lambda: cuda.copy_async(b.device_ptr, a.device_ptr, n, "DeviceToDevice", s))
+        for value in (3, 9):  # replays read whatever a holds at launch time
+            a.host_view((n,), np.uint8)[:] = value
+            a.h2d_async(s)
+            graph.launch(s)
+            b.d2h_async(s)
+            s.synchronize()
+            assert (b.host_view((n,), np.uint8) == value).all()
+        graph.close()
+
+        def fail():
+            raise ValueError("inside capture")
+
+        with pytest.raises(ValueError, match="inside capture"):
+            cuda.CudaGraph.capture(s, fail)
+        s.synchronize()  # the aborted capture left the stream usable
+        cuda.CudaGraph.capture(s, lambda: None).close()
+
+
+# --- engines -------------------------------------------------------------------------------------
+
+PROFILE = {"batch": (1, 4, 8), "seq": (4, 16, 32)}
+SHAPES = [(1, 4), (3, 17), (8, 32)]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """FP32 and FP16 engines of a tiny BERT, built by the real `build` command (no GPU needed)."""
+    if not trt.available():
+        pytest.skip("no TensorRT flavor importable")
+    from tiny import make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("gpu")
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", root / "tinybert")
+    out = root / "engines"
+    cmd = [sys.executable, "-m", "trt_seer", "build", "--model", str(ckpt), "--fp32", "--fp16",
+           "--batch", ",".join(map(str, PROFILE["batch"])), "--seq", ",".join(map(str, PROFILE["seq"])),
+           "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "TQDM_DISABLE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return ckpt, out
+
+
+def feeds_for(ckpt, batch, seq, seed=0):
+    from trt_seer.export import sample_inputs
+    from trt_seer.families import resolve_model
+
+    return sample_inputs(resolve_model(ckpt), batch, seq, seed=seed)
+
+
+def assert_close(got, want, rtol, what):
+    scale = max(float(np.max(np.abs(want))), 1e-6)
+    delta = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
+    assert delta <= rtol * scale, f"{what}: max |Δ| {delta:.3g} > {rtol * scale:.3g}"
+
+
+@needs_trt
+@pytest.mark.parametrize("precision,rtol", [("fp32", 2e-3), ("fp16", 2e-2)])
+def test_engine_matches_onnxruntime_and_pytorch(engines, precision, rtol):
+    from trt_seer.export import load_model, torch_outputs, wrap
+    from trt_seer.families import resolve_model
+
+    ckpt, out = engines
+    info = resolve_model(ckpt)
+    wrapped = wrap(load_model(info), info)
+    with load(out / f"tinybert.{precision}.engine", backend="tensorrt") as m, \
+            load(out / f"tinybert.{precision}.onnx") as ref:
+        assert m.backend == "tensorrt" and m.inputs[0].max_shape == (8, 32)
+        for i, (b, s) in enumerate(SHAPES):
+            feeds = feeds_for(ckpt, b, s, seed=i)
+            got, want = m.infer(feeds), ref.infer(feeds)
+            torch_ref = dict(zip(info.outputs, torch_outputs(wrapped, feeds)))
+            assert set(got) == set(want) == {"last_hidden_state", "sentence_embedding"}
+            for name in got:
+                assert got[name].shape == want[name].shape == torch_ref[name].shape
+                assert_close(got[name], want[name], rtol, f"{precision} {name} vs ONNX Runtime at {b}x{s}")
+                assert_close(got[name], torch_ref[name], rtol, f"{precision} {name} vs PyTorch at {b}x{s}")
+            assert m.last_gpu_ms is not None and m.last_gpu_ms > 0
+
+
+def copy_engine(engines, tmp_path, precision="fp32", edit=None, blob=None):
+    _, out = engines
+    src = out / f"tinybert.{precision}.engine"
+    dst = tmp_path / src.name
+    data = manifest.read(manifest.engine_manifest_path(src))
+    if edit:
+        edit(data)
+    if blob is not None:
+        dst.write_bytes(blob)
+        data["engine"]["size_bytes"] = len(blob)
+    else:
+        shutil.copy(src, dst)
+    manifest.write(manifest.engine_manifest_path(dst), data)
+    return dst
+
+
+GARBAGE = b"\0" * 1024  # deserializing this would fail with another error
+
+
+@needs_gpu_and_trt_import
+def test_version_mismatch_is_raised_before_deserializing(engines, tmp_path):
+    def old_version(d):
+        d["tensorrt"]["version"] = "0.9.0.1"
+
+    with pytest.raises(ManifestMismatchError, match=r"built with \S+ 0\.9\.0\.1; this runtime has"):
+        TensorRTModel(copy_engine(engines, tmp_path, edit=old_version, blob=GARBAGE))
+
+
+@needs_gpu_and_trt_import
+@pytest.mark.skipif(TRT_REASON is None, reason="the installed TensorRT runs on this GPU")
+def test_gpu_the_runtime_cannot_drive_is_refused_with_its_reason(engines, tmp_path):
+    """E.g. TensorRT-RTX on a data-center Hopper: a clear error, and `auto` falls back to ONNX."""
+    gpu = cuda.device_info(0)
+    with pytest.raises(ManifestMismatchError, match=rf"could not load .* on {gpu.name} \(compute capability "
+                                                    rf"{gpu.major}\.{gpu.minor}\)"):
+        TensorRTModel(copy_engine(engines, tmp_path, blob=GARBAGE))
+    ckpt, out = engines
+    with pytest.raises(DependencyError, match=rf"cannot run tinybert.fp16.engine on TensorRT: .*does not run on "
+                                              rf"{gpu.name}"):
+        load(out / "tinybert.fp16.engine", backend="tensorrt")
+    with pytest.warns(RuntimeWarning, match="instead of tinybert.fp16.engine: .*does not run on"):
+        m = load(out / "tinybert.fp16.engine")
+    with m:
+        assert m.backend == "onnxruntime"
+        assert m.infer(feeds_for(ckpt, 2, 8))["sentence_embedding"].shape == (2, 32)
+
+
+@needs_trt
+def test_target_mismatch_is_raised_before_deserializing(engines, tmp_path):
+    def other_gpu(d):
+        d["targets"] = {"mode": "listed", "compute_capabilities": ["5.0"]}
+
+    gpu = cuda.device_info(0)
+    cc = f"{gpu.major}.{gpu.minor}"
+    with pytest.raises(ManifestMismatchError, match=rf"targets compute capability 5\.0; .* is {cc}"):
+        TensorRTModel(copy_engine(engines, tmp_path, edit=other_gpu, blob=GARBAGE))
+    with pytest.raises(InputError, match="could not deserialize"):
+        TensorRTModel(copy_engine(engines, tmp_path, blob=GARBAGE))
+
+
+@needs_trt
+def test_inputs_are_validated_before_the_gpu(engines):
+    ckpt, out = engines
+    with load(out / "tinybert.fp16.engine", backend="tensorrt") as m:
+        with pytest.raises(InputError, match=r"outside the profile \[1, 4\]\.\.\[8, 32\]"):
+            m.infer(feeds_for(ckpt, 9, 16))
+        with pytest.raises(InputError, match="has dtype int32"):
+            m.infer({k: v.astype(np.int32) for k, v in feeds_for(ckpt, 2, 8).items()})
+        assert m.infer(feeds_for(ckpt, 2, 8))["sentence_embedding"].shape == (2, 32)  # the slot was released
+
+
+@needs_trt
+def test_zero_copy_from_torch_cuda_tensors(engines, torch_cuda):
+    torch = torch_cuda
+    ckpt, out = engines
+    feeds = feeds_for(ckpt, 4, 16, seed=3)
+    with load(out / "tinybert.fp32.engine", backend="tensorrt") as m:
+        ref = m.infer(feeds)
+        on_gpu = {k: torch.from_numpy(v).cuda() for k, v in feeds.items()}
+        got = m.infer(on_gpu)
+        slot = m._slots[0]
+        assert slot.addresses["input_ids"] == on_gpu["input_ids"].data_ptr()  # bound, not copied
+        np.testing.assert_array_equal(got["sentence_embedding"], ref["sentence_embedding"])
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):  # producer still busy when infer is called
+            torch.cuda._sleep(200_000_000)
+            late = {k: torch.zeros_like(v).copy_(v) for k, v in on_gpu.items()}
+            got = m.infer(late)
+        np.testing.assert_array_equal(got["sentence_embedding"], ref["sentence_embedding"])
+        with pytest.raises(InputError, match="strided GPU view|contiguous"):
+            m.infer({k: v.t().contiguous().t() for k, v in on_gpu.items()})
+
+
+@needs_trt
+def test_cuda_graphs_replay_per_shape_bucket(engines):
+    ckpt, out = engines
+    path = out / "tinybert.fp16.engine"
+    with load(path, backend="tensorrt", use_cuda_graph=True) as g, load(path, backend="tensorrt") as e:
+        for seed in range(4):  # same shape, new values: the graph reads the staged inputs
+            feeds = feeds_for(ckpt, 2, 16, seed=seed)
+            assert_close(g.infer(feeds)["sentence_embedding"], e.infer(feeds)["sentence_embedding"], 2e-3,
+                         f"graph replay {seed}")
+        slot = g._slots[0]
+        assert g._graphs_ok, "capture failed"
+        assert list(slot.graphs) == [((2, 16), (2, 16), (2, 16))]
+        feeds = feeds_for(ckpt, 3, 9, seed=9)
+        g.infer(feeds)
+        assert_close(g.infer(feeds)["last_hidden_state"], e.infer(feeds)["last_hidden_state"], 2e-3, "3x9")
+        assert len(slot.graphs) == 2
+
+
+@needs_trt
+def test_concurrent_threads_on_several_contexts(engines):
+    ckpt, out = engines
+    path = out / "tinybert.fp32.engine"
+    jobs = [feeds_for(ckpt, 1 + i % 8, 4 + i % 29, seed=i) for i in range(48)]
+    with load(path, backend="tensorrt") as single:
+        expected = [single.infer(f)["sentence_embedding"] for f in jobs]
+    results, errors = {}, []
+    with load(path, backend="tensorrt", contexts=3) as m:
+        def worker(k):
+            try:
+                for i in range(k, len(jobs), 6):
+                    results[i] = m.infer(jobs[i])["sentence_embedding"]
+            except Exception as e:  # collected and asserted below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+    assert not errors and len(results) == len(jobs)
+    for i, want in enumerate(expected):
+        np.testing.assert_allclose(results[i], want, rtol=1e-5, atol=1e-6)
+
+
+@needs_trt
+def test_infer_async_on_a_callers_stream_and_dropped_pendings(engines):
+    ckpt, out = engines
+    feeds = feeds_for(ckpt, 2, 8, seed=5)
+    with load(out / "tinybert.fp32.engine", backend="tensorrt") as m, cuda.Stream() as s:
+        ref = m.infer(feeds)
+        pending = m.infer_async(feeds, stream=s)
+        np.testing.assert_array_equal(pending.result()["sentence_embedding"], ref["sentence_embedding"])
+        assert pending.done()
+        m.infer_async(feeds)  # dropped without result(): its context must come back
+        done = threading.Event()
+        threading.Thread(target=lambda: (m.infer(feeds), done.set()), daemon=True).start()
+        assert done.wait(60), "the dropped call kept the only execution context"
+
+
+@needs_trt
+def test_runtime_cache_is_written_beside_the_engine_and_reused(engines, tmp_path):
+    from trt_seer import trt
+
+    if not trt.load().has_runtime_cache:
+        pytest.skip(f"{trt.load().name} has no runtime cache")
+    ckpt, _ = engines
+    path = copy_engine(engines, tmp_path, "fp16")
+    feeds = feeds_for(ckpt, 2, 16)
+    with load(path, backend="tensorrt") as m:
+        m.infer(feeds)
+    cache = tmp_path / "tinybert.fp16.runtime.cache"
+    assert cache.is_file() and cache.stat().st_size > 0
+    with load(path, backend="tensorrt") as m:
+        assert m._cache_blob == cache.read_bytes()  # deserialized and accepted
+        m.infer(feeds)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@needs_trt
+@pytest.mark.slow
+def test_no_memory_growth_over_10k_calls(engines):
+    ckpt, out = engines
+    feeds = feeds_for(ckpt, 4, 16)
+    with load(out / "tinybert.fp16.engine", backend="tensorrt") as m:
+        for _ in range(300):
+            m.infer(feeds)
+        free0, rss0 = cuda.mem_info()[0], rss_bytes()
+        for _ in range(10_000):
+            m.infer(feeds)
+        free1, rss1 = cuda.mem_info()[0], rss_bytes()
+    assert free0 - free1 <= 2 * MiB, f"GPU memory fell by {(free0 - free1) / MiB:.1f} MiB"
+    assert rss1 - rss0 <= 16 * MiB, f"RSS grew by {(rss1 - rss0) / MiB:.1f} MiB"

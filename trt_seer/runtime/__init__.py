@@ -1,0 +1,127 @@
+"""Loading and running what `build` produces: numpy in, dict of numpy out.
+
+    from trt_seer.runtime import load
+    with load("engines/all-MiniLM-L6-v2.fp16.engine") as m:   # or an .onnx artifact on a CPU box
+        out = m.infer({"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+
+`.engine` runs on TensorRT (engine.py, CUDA through cuda-python in cuda.py), `.onnx` on ONNX
+Runtime's CPU provider (ort.py). No torch, transformers or onnx is imported; TensorRT, cuda-python
+and onnxruntime load only when a model of theirs does. docs/RUNTIME.md is the contract for services.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from pathlib import Path
+
+from trt_seer.errors import DependencyError, InputError, UnsupportedError
+from trt_seer.runtime.base import Model, Pending
+from trt_seer.runtime.io import IOSpec
+
+__all__ = ["load", "Model", "Pending", "IOSpec", "onnx_sibling", "tensorrt_unavailable_reason"]
+BACKENDS = ("auto", "tensorrt", "onnxruntime")
+
+
+def onnx_sibling(engine_path: Path) -> Path:
+    """`x.fp16.engine` -> `x.fp16.onnx`: the graph of the same precision the engine was built from."""
+    engine_path = Path(engine_path)
+    return engine_path.with_name(engine_path.name.removesuffix(".engine") + ".onnx")
+
+
+def tensorrt_unavailable_reason(device: int = 0) -> str | None:
+    """None when a TensorRT flavor imports and runs engines on CUDA GPU `device`; else why not.
+    TensorRT itself decides: a one-layer engine is built and deserialized once per process."""
+    from trt_seer import trt
+    from trt_seer.runtime import cuda
+
+    try:
+        flavor = trt.load()
+    except (DependencyError, UnsupportedError) as e:
+        return str(e)
+    reason = cuda.gpu_unavailable_reason(device)
+    if reason is not None:
+        return reason
+    return _probe_engine(flavor, device)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_engine(flavor, device: int) -> str | None:
+    from trt_seer import trt
+    from trt_seer.runtime import cuda
+
+    t, logger = flavor.trt, trt.logger(flavor)
+    builder = t.Builder(logger)
+    network = trt.strongly_typed_network(flavor, builder)
+    x = network.add_input("x", t.float32, (1, 4))
+    network.mark_output(network.add_identity(x).get_output(0))
+    blob = builder.build_serialized_network(network, builder.create_builder_config())
+    engine = None if blob is None else t.Runtime(logger).deserialize_cuda_engine(blob)
+    if engine is not None:
+        return None
+    gpu = cuda.device_info(device)
+    why = logger.errors[-1].splitlines()[0] if logger.errors else "no reason logged"
+    return (f"{flavor.name} {flavor.version} does not run engines on {gpu.name} (compute capability "
+            f"{gpu.major}.{gpu.minor}): {why}")
+
+
+def _split_options(opts: dict):
+    from trt_seer.runtime.engine import EngineOptions
+    from trt_seer.runtime.ort import OrtOptions
+
+    engine_keys = {f.name for f in dataclasses.fields(EngineOptions)}
+    ort_keys = {f.name for f in dataclasses.fields(OrtOptions)}
+    unknown = sorted(set(opts) - engine_keys - ort_keys)
+    if unknown:
+        raise InputError(f"unknown load option(s) {', '.join(unknown)}; TensorRT takes "
+                         f"{', '.join(sorted(engine_keys))}; ONNX Runtime takes {', '.join(sorted(ort_keys))}")
+    engine = EngineOptions(**{k: v for k, v in opts.items() if k in engine_keys})
+    ort = OrtOptions(**{k: v for k, v in opts.items() if k in ort_keys})
+    return engine, ort
+
+
+def load(path: str | Path, backend: str = "auto", **opts) -> Model:
+    """Opens an engine or ONNX artifact.
+
+    Args:
+        path: `<name>.<precision>.engine` (with its manifest beside it) or `<name>.<precision>.onnx`.
+        backend: "tensorrt", "onnxruntime", or "auto": TensorRT for an engine where a TensorRT
+            runtime and a GPU are usable, else the engine's sibling `.onnx` on ONNX Runtime (with a
+            warning).
+        opts: EngineOptions fields (device, contexts, use_cuda_graph, max_graphs, runtime_cache,
+            verbose) and OrtOptions fields (threads, optimization); each backend takes its own.
+    """
+    from trt_seer.runtime.engine import TensorRTModel
+    from trt_seer.runtime.ort import OnnxRuntimeModel
+
+    path = Path(path)
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    engine_opts, ort_opts = _split_options(opts)
+    if path.suffix == ".onnx":
+        if backend == "tensorrt":
+            raise InputError(f"{path.name} is an ONNX graph; build an engine from it "
+                             "(python -m trt_seer build) to run it on TensorRT, or use backend='onnxruntime'")
+        return OnnxRuntimeModel(path, ort_opts)
+    if path.suffix != ".engine":
+        raise InputError(f"{path} is neither a .engine nor a .onnx file")
+    if backend == "onnxruntime":
+        return OnnxRuntimeModel(onnx_sibling(path), ort_opts)
+    reason = tensorrt_unavailable_reason(engine_opts.device)
+    if reason is None:
+        return TensorRTModel(path, engine_opts)
+    return _fallback(path, backend, reason, ort_opts)
+
+
+def _fallback(path: Path, backend: str, reason: str, ort_opts) -> Model:
+    from trt_seer.runtime.ort import OnnxRuntimeModel
+
+    if backend == "tensorrt":
+        raise DependencyError(f"cannot run {path.name} on TensorRT: {reason}")
+    sibling = onnx_sibling(path)
+    if not sibling.is_file():
+        raise DependencyError(f"cannot run {path.name} on TensorRT ({reason}) and there is no "
+                              f"{sibling.name} beside it to run on ONNX Runtime instead")
+    message = f"running {sibling.name} on ONNX Runtime (CPU) instead of {path.name}: {reason}"
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    return OnnxRuntimeModel(sibling, ort_opts)

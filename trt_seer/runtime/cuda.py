@@ -1,0 +1,312 @@
+"""CUDA through cuda-python: error checking, pinned + device buffers, streams, events, graphs.
+
+    from trt_seer.runtime.cuda import HostDeviceBuffer, Stream
+    with Stream() as s, HostDeviceBuffer(4096) as buf:
+        buf.host_view((1024,), np.float32)[:] = 1.0
+        buf.h2d_async(s); s.synchronize()
+
+cuda-python is imported on first use (`cuda.bindings.runtime`, or `cuda.cudart` from older
+releases), so importing this module needs no GPU. Every call goes through `cuda_call`, which raises
+`CudaError` with CUDA's error name: errors are never swallowed. Memory is freed by `close()` (or
+the context manager, or at garbage collection); a numpy view of a closed buffer must not be used.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from trt_seer.errors import CudaError, DependencyError
+
+_MODULES = ("cuda.bindings.runtime", "cuda.cudart")  # cuda-bindings >= 12.8 (13.x), then older
+
+
+@functools.lru_cache(maxsize=None)
+def cudart():
+    """The cuda-python runtime module. DependencyError when cuda-python is not installed."""
+    errors = []
+    for name in _MODULES:
+        try:
+            return importlib.import_module(name)
+        except ImportError as e:
+            errors.append(f"{name}: {e}")
+    raise DependencyError("cuda-python is not installed (" + "; ".join(errors) + "); "
+                          "pip install 'trt-seer[gpu]' (cuda-python)")
+
+
+def error_name(err) -> str:
+    rt = cudart()
+    if type(err).__name__ == "CUresult":  # a driver-API error slipped in: name it with the driver
+        from cuda.bindings import driver
+
+        status, name = driver.cuGetErrorName(err)
+    else:
+        status, name = rt.cudaGetErrorName(err)
+    return name.decode() if int(status) == 0 and name else f"CUDA error {int(err)}"
+
+
+def check(err, what: str = "") -> None:
+    """Raises CudaError naming the CUDA error unless `err` is success."""
+    if int(err) != 0:
+        name = error_name(err)
+        where = f" in {what}" if what else ""
+        raise CudaError(f"{name} ({int(err)}){where}", int(err), name)
+
+
+def cuda_call(result, what: str = ""):
+    """Unpacks cuda-python's `(err, *values)`: raises CudaError on failure, returns None, the one
+    value, or a tuple of values."""
+    if not isinstance(result, tuple):
+        result = (result,)
+    check(result[0], what)
+    values = result[1:]
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    major: int
+    minor: int
+    total_bytes: int
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        return self.major, self.minor
+
+
+def gpu_unavailable_reason(device: int = 0) -> str | None:
+    """None when cuda-python is importable and `device` exists; else why not (never raises)."""
+    try:
+        rt = cudart()
+    except DependencyError as e:
+        return str(e)
+    err, count = rt.cudaGetDeviceCount()
+    if int(err) != 0:
+        return f"no usable CUDA GPU ({error_name(err)})"
+    if count <= device:
+        return f"no CUDA GPU {device} (this machine has {count})"
+    return None
+
+
+def device_info(device: int = 0) -> DeviceInfo:
+    prop = cuda_call(cudart().cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
+    name = prop.name.split(b"\0", 1)[0].decode() if isinstance(prop.name, bytes) else str(prop.name)
+    return DeviceInfo(device, name, int(prop.major), int(prop.minor), int(prop.totalGlobalMem))
+
+
+def set_device(device: int = 0) -> None:
+    """Makes `device` current and initialises its primary context (TensorRT shares it)."""
+    rt = cudart()
+    cuda_call(rt.cudaSetDevice(device), "cudaSetDevice")
+    cuda_call(rt.cudaFree(0), "cudaFree(0)")
+
+
+def mem_info() -> tuple[int, int]:
+    """(free, total) bytes of the current device."""
+    return tuple(int(v) for v in cuda_call(cudart().cudaMemGetInfo(), "cudaMemGetInfo"))
+
+
+def pointer_device(ptr: int) -> int | None:
+    """The device that owns `ptr` if it is device (or managed) memory, else None."""
+    rt = cudart()
+    attrs = cuda_call(rt.cudaPointerGetAttributes(ptr), "cudaPointerGetAttributes")
+    device_types = (rt.cudaMemoryType.cudaMemoryTypeDevice, rt.cudaMemoryType.cudaMemoryTypeManaged)
+    return int(attrs.device) if attrs.type in device_types else None
+
+
+def _memcpy_kind(name: str):
+    return getattr(cudart().cudaMemcpyKind, f"cudaMemcpy{name}")
+
+
+def copy_async(dst: int, src: int, nbytes: int, kind: str, stream: "Stream | int") -> None:
+    """cudaMemcpyAsync; `kind` is "HostToDevice", "DeviceToHost" or "DeviceToDevice"."""
+    if nbytes:
+        cuda_call(cudart().cudaMemcpyAsync(dst, src, nbytes, _memcpy_kind(kind), stream_handle(stream)),
+                  f"cudaMemcpyAsync({kind}, {nbytes} bytes)")
+
+
+def stream_handle(stream):
+    """The CUDA handle of a `Stream`, a torch stream (`.cuda_stream`), a cupy stream (`.ptr`),
+    or a raw handle (int or cudaStream_t) as given."""
+    if isinstance(stream, Stream):
+        return stream.handle
+    for attr in ("cuda_stream", "ptr"):
+        if isinstance(getattr(stream, attr, None), int):
+            return getattr(stream, attr)
+    return stream
+
+
+def wait_event(stream: "Stream | int", event: "Event") -> None:
+    """Later work on `stream` waits until `event` has completed (no host block)."""
+    cuda_call(cudart().cudaStreamWaitEvent(stream_handle(stream), event.handle, 0), "cudaStreamWaitEvent")
+
+
+class _Owned:
+    """Frees its CUDA resource once: on close(), on `with` exit, or at garbage collection."""
+
+    _finalizer: weakref.finalize
+
+    def close(self) -> None:
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _free_buffers(host_ptr: int, device_ptr: int) -> None:
+    rt = cudart()
+    cuda_call(rt.cudaFree(device_ptr), "cudaFree")
+    cuda_call(rt.cudaFreeHost(host_ptr), "cudaFreeHost")
+
+
+class HostDeviceBuffer(_Owned):
+    """`nbytes` of page-locked host memory (cudaMallocHost) and of device memory (cudaMalloc).
+
+    Pinned memory lets copies run asynchronously on a stream at full PCIe/NVLink bandwidth;
+    `host_view` is a numpy array over it.
+    """
+
+    def __init__(self, nbytes: int):
+        rt = cudart()
+        self.nbytes = int(nbytes)
+        size = max(self.nbytes, 1)
+        host_ptr = cuda_call(rt.cudaMallocHost(size), f"cudaMallocHost({size})")
+        try:
+            device_ptr = cuda_call(rt.cudaMalloc(size), f"cudaMalloc({size})")
+        except CudaError:
+            cuda_call(rt.cudaFreeHost(host_ptr), "cudaFreeHost")
+            raise
+        self.host_ptr, self.device_ptr = int(host_ptr), int(device_ptr)
+        self._host = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(self.host_ptr))
+        self._finalizer = weakref.finalize(self, _free_buffers, self.host_ptr, self.device_ptr)
+
+    def host_view(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """A numpy array of `shape` over the start of the pinned memory (no copy)."""
+        if self.closed:
+            raise CudaError("buffer is closed", name="closed")
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        if count * dtype.itemsize > self.nbytes:
+            raise ValueError(f"view {tuple(shape)} {dtype} needs {count * dtype.itemsize} bytes; "
+                             f"buffer holds {self.nbytes}")
+        return self._host[:count * dtype.itemsize].view(dtype).reshape(shape)
+
+    def h2d_async(self, stream: "Stream | int", nbytes: int | None = None) -> None:
+        copy_async(self.device_ptr, self.host_ptr, self._size(nbytes), "HostToDevice", stream)
+
+    def d2h_async(self, stream: "Stream | int", nbytes: int | None = None) -> None:
+        copy_async(self.host_ptr, self.device_ptr, self._size(nbytes), "DeviceToHost", stream)
+
+    def _size(self, nbytes: int | None) -> int:
+        n = self.nbytes if nbytes is None else int(nbytes)
+        if n > self.nbytes or self.closed:
+            raise ValueError(f"copy of {n} bytes does not fit a {'closed ' if self.closed else ''}"
+                             f"buffer of {self.nbytes}")
+        return n
+
+    def close(self) -> None:
+        self._host = None
+        super().close()
+
+
+def _destroy(fn_name: str, handle) -> None:
+    cuda_call(getattr(cudart(), fn_name)(handle), fn_name)
+
+
+class Stream(_Owned):
+    """A non-blocking CUDA stream: it does not synchronise with the legacy default stream."""
+
+    def __init__(self, non_blocking: bool = True):
+        rt = cudart()
+        flags = rt.cudaStreamNonBlocking if non_blocking else rt.cudaStreamDefault
+        self.handle = cuda_call(rt.cudaStreamCreateWithFlags(flags), "cudaStreamCreateWithFlags")
+        self.ptr = int(self.handle)
+        self._finalizer = weakref.finalize(self, _destroy, "cudaStreamDestroy", self.handle)
+
+    def synchronize(self) -> None:
+        cuda_call(cudart().cudaStreamSynchronize(self.handle), "cudaStreamSynchronize")
+
+    def wait(self, event: "Event") -> None:
+        wait_event(self, event)
+
+
+class Event(_Owned):
+    """A CUDA event; with `timing`, two of them give the GPU time between their records."""
+
+    def __init__(self, timing: bool = True):
+        rt = cudart()
+        flags = rt.cudaEventDefault if timing else rt.cudaEventDisableTiming
+        self.handle = cuda_call(rt.cudaEventCreateWithFlags(flags), "cudaEventCreateWithFlags")
+        self._finalizer = weakref.finalize(self, _destroy, "cudaEventDestroy", self.handle)
+
+    def record(self, stream: "Stream | int") -> None:
+        cuda_call(cudart().cudaEventRecord(self.handle, stream_handle(stream)), "cudaEventRecord")
+
+    def synchronize(self) -> None:
+        cuda_call(cudart().cudaEventSynchronize(self.handle), "cudaEventSynchronize")
+
+    def query(self) -> bool:
+        """True once the recorded work has completed."""
+        rt = cudart()
+        (err,) = rt.cudaEventQuery(self.handle)
+        if err == rt.cudaError_t.cudaErrorNotReady:
+            return False
+        check(err, "cudaEventQuery")
+        return True
+
+    def elapsed_ms(self, start: "Event") -> float:
+        """Milliseconds from `start` to this event (both recorded and completed)."""
+        return float(cuda_call(cudart().cudaEventElapsedTime(start.handle, self.handle),
+                               "cudaEventElapsedTime"))
+
+
+class CudaGraph(_Owned):
+    """An executable CUDA graph; `launch(stream)` replays the captured work."""
+
+    def __init__(self, graph_exec):
+        self.handle = graph_exec
+        self._finalizer = weakref.finalize(self, _destroy, "cudaGraphExecDestroy", graph_exec)
+
+    @classmethod
+    def capture(cls, stream: Stream, enqueue: Callable[[], None]) -> "CudaGraph":
+        """Records what `enqueue()` puts on `stream` (nothing runs) and instantiates it.
+
+        Thread-local capture mode: other threads may keep using CUDA meanwhile.
+        """
+        rt = cudart()
+        mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        cuda_call(rt.cudaStreamBeginCapture(stream.handle, mode), "cudaStreamBeginCapture")
+        try:
+            enqueue()
+        except BaseException as e:
+            err, graph = rt.cudaStreamEndCapture(stream.handle)  # leave capture mode before raising
+            if int(err) == 0 and graph:
+                _destroy("cudaGraphDestroy", graph)
+            elif int(err) != 0:
+                e.add_note(f"ending the aborted capture also failed: {error_name(err)}")
+            raise
+        graph = cuda_call(rt.cudaStreamEndCapture(stream.handle), "cudaStreamEndCapture")
+        try:
+            graph_exec = cuda_call(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+        finally:
+            _destroy("cudaGraphDestroy", graph)
+        return cls(graph_exec)
+
+    def launch(self, stream: "Stream | int") -> None:
+        cuda_call(cudart().cudaGraphLaunch(self.handle, stream_handle(stream)), "cudaGraphLaunch")

@@ -1,0 +1,119 @@
+"""ONNX artifact -> `OnnxRuntimeModel`: the same `infer` as the TensorRT backend, on the CPU.
+
+    from trt_seer.runtime.ort import OnnxRuntimeModel, OrtOptions
+    with OnnxRuntimeModel("engines/all-MiniLM-L6-v2.fp32.onnx", OrtOptions(threads=2)) as m:
+        out = m.infer({"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+
+Runs FP32, FP16-typed and Q/DQ INT8 graphs. Inputs are validated by the same code as the engine
+backend, so errors read the same; the I/O description comes from the artifact's record
+(`<file>.onnx.json`) when there is one, else from the ONNX Runtime session.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from trt_seer import manifest as manifest_io
+from trt_seer.errors import InputError, ManifestMismatchError, UnsupportedError
+from trt_seer.runtime.base import Completed, Model
+from trt_seer.runtime.io import IOSpec, dtype_name, specs_from_description, validate_feeds
+
+OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
+                       "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+
+
+@dataclass(frozen=True)
+class OrtOptions:
+    """`threads`: intra-op threads (0: ONNX Runtime's default, one per physical core)."""
+
+    threads: int = 0
+    optimization: str = "all"
+
+    def __post_init__(self):
+        if self.threads < 0:
+            raise InputError(f"threads must be >= 0, got {self.threads}")
+        if self.optimization not in OPTIMIZATION_LEVELS:
+            raise InputError(f"optimization must be one of {', '.join(OPTIMIZATION_LEVELS)}, "
+                             f"got {self.optimization!r}")
+
+
+def session_options(options: OrtOptions):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[options.optimization])
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL  # transformer graphs are chains: no gain from parallel
+    so.intra_op_num_threads = options.threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    return so
+
+
+def create_session(path: Path, options: OrtOptions):
+    """A CPU InferenceSession; UnsupportedError naming the file when ONNX Runtime rejects it."""
+    import onnxruntime as ort
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    rejected = (state.Fail, state.InvalidGraph, state.InvalidArgument, state.NotImplemented,
+                state.InvalidProtobuf, state.RuntimeException)
+    try:
+        return ort.InferenceSession(str(path), session_options(options), providers=["CPUExecutionProvider"])
+    except rejected as e:
+        raise UnsupportedError(f"ONNX Runtime cannot run {path.name}: {str(e).splitlines()[0]}") from e
+
+
+def session_specs(session) -> tuple[tuple[IOSpec, ...], tuple[IOSpec, ...]]:
+    """IOSpecs from the session; symbolic dimensions (e.g. 'batch', 'seq') become shared axes."""
+
+    def one(arg) -> IOSpec:
+        shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in arg.shape)
+        axes = tuple(d if isinstance(d, str) else None for d in arg.shape)
+        return IOSpec(arg.name, dtype_name(arg.type), shape, axes)
+
+    return tuple(one(a) for a in session.get_inputs()), tuple(one(a) for a in session.get_outputs())
+
+
+def record_specs(record: dict, session, path: Path) -> tuple[tuple[IOSpec, ...], tuple[IOSpec, ...]]:
+    """IOSpecs from the artifact's record (bounded by its profile, if it has one)."""
+    profiles = record.get("profiles") or []
+    profile = profiles[0] if profiles else None
+    inputs = specs_from_description(record["io"]["inputs"], profile)
+    outputs = specs_from_description(record["io"]["outputs"])
+    for kind, specs, actual in (("inputs", inputs, session.get_inputs()), ("outputs", outputs, session.get_outputs())):
+        if sorted(s.name for s in specs) != sorted(a.name for a in actual):
+            raise ManifestMismatchError(f"the record of {path.name} lists {kind} {[s.name for s in specs]} but "
+                                        f"the graph has {[a.name for a in actual]}: it belongs to another "
+                                        "export; re-export the model")
+    return inputs, outputs
+
+
+class OnnxRuntimeModel(Model):
+    """An ONNX artifact on ONNX Runtime's CPU provider."""
+
+    backend = "onnxruntime"
+
+    def __init__(self, path: str | Path, options: OrtOptions = OrtOptions()):
+        super().__init__()
+        self.path, self.options = Path(path), options
+        if not self.path.is_file():
+            raise InputError(f"ONNX file not found: {self.path}")
+        self.manifest = manifest_io.read_if_exists(manifest_io.record_path(self.path))
+        self.session = create_session(self.path, options)
+        if self.manifest and "io" in self.manifest:
+            self.inputs, self.outputs = record_specs(self.manifest, self.session, self.path)
+        else:
+            self.inputs, self.outputs = session_specs(self.session)
+
+    def infer_async(self, feeds, stream=None) -> Completed:
+        """Runs at once (ONNX Runtime's run() is synchronous); returns the finished outputs."""
+        if self.closed:
+            raise InputError(f"{self.path.name} is closed")
+        if stream is not None:
+            raise InputError("the ONNX Runtime backend runs on the CPU and takes no CUDA stream")
+        valid = validate_feeds(self.inputs, feeds)
+        names = list(self.output_names)
+        return Completed(dict(zip(names, self.session.run(names, valid))))
+
+    def close(self) -> None:
+        self.session = None
+        super().close()
