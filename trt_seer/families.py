@@ -122,6 +122,8 @@ def infer_task(config: dict, kind: str) -> str:
             return "text-classification"
         if arch.endswith(("ForCausalLM", "LMHeadModel")):
             return "causal-lm"
+        if arch.endswith("Model"):  # a bare base model (GPT2Model, LlamaModel) has no LM head
+            return "feature-extraction"
     return "causal-lm" if kind == "decoder" else "feature-extraction"
 
 

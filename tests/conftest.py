@@ -1,0 +1,25 @@
+"""Shared fixtures. Tiny checkpoints are built by tests/tiny.py (`from tiny import ...` works in
+any test module: pytest puts tests/ on sys.path)."""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from tiny import make_tiny_checkpoint
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path):
+    """Factory fixture: `tiny_checkpoint(model_type, task, *, seed=0, **overrides) -> Path`.
+
+    Each call saves a fresh random-initialised checkpoint in its own directory under `tmp_path`;
+    see `tiny.make_tiny_checkpoint` for the arguments.
+    """
+    counter = itertools.count()
+
+    def make(model_type: str, task: str, *, seed: int = 0, **overrides) -> Path:
+        dest = tmp_path / f"ckpt{next(counter)}-{model_type}-{task}"
+        return make_tiny_checkpoint(model_type, task, dest, seed=seed, **overrides)
+
+    return make

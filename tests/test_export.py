@@ -1,0 +1,192 @@
+"""Checkpoint -> verified ONNX for every family and task; mismatches, bad checkpoints and
+external-data saving."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+from tiny import HIDDEN, NUM_LABELS, VOCAB
+
+from trt_seer import export, files, onnxio
+from trt_seer.errors import ExportMismatchError, InputError, UnsupportedError
+from trt_seer.families import FAMILIES, TASKS, resolve_model
+
+CASES = [(model_type, task) for model_type, spec in FAMILIES.items() for task in spec.tasks]
+FAST = {("bert", "feature-extraction"), ("distilbert", "text-classification")}  # < 10 s each
+STATIC_DIMS = {  # (task, output) -> sizes of the axes that are not batch/seq
+    ("feature-extraction", "last_hidden_state"): {2: HIDDEN},
+    ("feature-extraction", "sentence_embedding"): {1: HIDDEN},
+    ("text-classification", "logits"): {1: NUM_LABELS},
+    ("causal-lm", "logits"): {2: VOCAB},
+}
+
+
+def _case(model_type, task):
+    marks = () if (model_type, task) in FAST else (pytest.mark.slow,)
+    return pytest.param(model_type, task, marks=marks, id=f"{model_type}-{task}")
+
+
+def _dims(value_info) -> list:
+    """Each dimension as its symbol (str) when dynamic, its size (int) when static."""
+    return [d.dim_param if d.HasField("dim_param") else d.dim_value
+            for d in value_info.type.tensor_type.shape.dim]
+
+
+def _assert_dynamic_io(onnx_path, info):
+    import onnx
+
+    graph = onnx.load(str(onnx_path)).graph
+    assert [v.name for v in graph.input] == list(info.inputs)
+    assert [v.name for v in graph.output] == list(info.outputs)
+    batch, seq = _dims(graph.input[0])
+    assert isinstance(batch, str) and isinstance(seq, str) and batch != seq
+    for v in graph.input:
+        assert v.type.tensor_type.elem_type == onnx.TensorProto.INT64
+        assert _dims(v) == [batch, seq], v.name
+    symbols = {"batch": batch, "seq": seq}
+    for v in graph.output:
+        assert v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+        expected = {**{axis: symbols[s] for axis, s in TASKS[info.task].outputs[v.name].items()},
+                    **STATIC_DIMS[(info.task, v.name)]}
+        assert _dims(v) == [expected[i] for i in range(len(expected))], v.name
+
+
+@pytest.mark.parametrize("model_type,task", [_case(*c) for c in CASES])
+def test_export_matches_pytorch(tiny_checkpoint, tmp_path, model_type, task):
+    info = resolve_model(tiny_checkpoint(model_type, task))
+    dest = tmp_path / f"{model_type}.fp32.onnx"
+
+    report = export.onnx_from_checkpoint(info, dest)
+
+    assert report["shapes"] == [list(s) for s in export.VERIFY_SHAPES]
+    assert set(report["outputs"]) == set(TASKS[task].outputs)
+    for name, r in report["outputs"].items():
+        assert 0.0 <= r["max_abs_diff"] <= r["allowed"], name
+        assert r["max_abs_diff"] < export.Tolerance().atol, name  # FP32 graphs agree far closer
+    _assert_dynamic_io(dest, info)
+    assert not onnxio.data_path(dest).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([dest.name, info.path.name])
+
+
+@pytest.mark.parametrize("model_type,task", CASES)
+def test_task_inferred_from_architectures(tiny_checkpoint, model_type, task):
+    info = resolve_model(tiny_checkpoint(model_type, task))
+    assert (info.model_type, info.task, info.family) == (model_type, task, FAMILIES[model_type])
+
+
+def test_sample_inputs_pad_both_sides_with_pad_id(tiny_checkpoint):
+    info = resolve_model(tiny_checkpoint("roberta", "feature-extraction"))
+    feeds = export.sample_inputs(info, 3, 12)
+    mask, ids = feeds["attention_mask"], feeds["input_ids"]
+    assert list(feeds) == list(info.inputs)
+    assert mask[0, -1] == 0 and mask[0, 0] == 1  # right padding
+    assert mask[2, 0] == 0 and mask[2, -1] == 1  # left padding
+    assert mask[1].all()
+    assert (ids[mask == 0] == info.config["pad_token_id"]).all()
+    assert (ids[mask == 1] != info.config["pad_token_id"]).all()
+
+
+def test_verify_catches_graph_of_other_weights(tiny_checkpoint, tmp_path):
+    ours = resolve_model(tiny_checkpoint("bert", "feature-extraction", seed=0))
+    other = resolve_model(tiny_checkpoint("bert", "feature-extraction", seed=1))
+    dest = tmp_path / "other.onnx"
+    export.onnx_from_checkpoint(other, dest)
+
+    with pytest.raises(ExportMismatchError, match=r"on last_hidden_state: max \|Δ\| \d[\d.e+-]* > ") as e:
+        export.verify(export.wrap(export.load_model(ours), ours), ours, dest)
+    assert "\n" not in str(e.value)
+
+
+def test_failed_verification_removes_the_onnx(tiny_checkpoint, tmp_path):
+    info = resolve_model(tiny_checkpoint("distilbert", "text-classification"))
+    dest = tmp_path / "m.onnx"
+    with pytest.raises(ExportMismatchError, match=r"on logits: max \|Δ\|"):
+        export.onnx_from_checkpoint(info, dest, export.Tolerance(atol=0.0, rtol=0.0))  # bit-exact
+    assert not dest.exists() and not onnxio.data_path(dest).exists()
+
+
+def _one_line_error(exc_type, match, *args):
+    with pytest.raises(exc_type, match=match) as e:
+        resolve_model(*args)
+    assert "\n" not in str(e.value) and e.value.exit_code == 2
+    return str(e.value)
+
+
+def test_resolve_missing_directory(tmp_path):
+    _one_line_error(InputError, "model directory not found", tmp_path / "nope")
+
+
+def test_resolve_directory_without_config(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    _one_line_error(InputError, r"no config\.json", tmp_path)
+
+
+def test_resolve_unreadable_config(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    _one_line_error(InputError, r"unreadable config\.json", tmp_path)
+
+
+def test_resolve_unsupported_model_type(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5Model"]}))
+    msg = _one_line_error(UnsupportedError, "unsupported architecture 't5'", tmp_path)
+    assert all(model_type in msg for model_type in FAMILIES)
+
+
+@pytest.mark.parametrize("model_type,task", [("bert", "causal-lm"), ("llama", "token-classification")])
+def test_resolve_unsupported_task(tiny_checkpoint, model_type, task):
+    ckpt = tiny_checkpoint(model_type, FAMILIES[model_type].tasks[0])
+    msg = _one_line_error(UnsupportedError, f"task '{task}' is not supported for {model_type}", ckpt, task)
+    assert all(t in msg for t in FAMILIES[model_type].tasks)
+
+
+def _bytes_in_data_file(onnx_path) -> int:
+    """Bytes of initializers the graph file points into its `.data` file (which must exist)."""
+    import onnx
+
+    assert onnxio.data_path(onnx_path).is_file()
+    graph = onnxio.load(onnx_path, load_external_data=False).graph
+    external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert all(e.value == onnxio.data_path(onnx_path).name
+               for t in external for e in t.external_data if e.key == "location")
+    return sum(int(e.value) for t in external for e in t.external_data if e.key == "length")
+
+
+def test_external_data_export_and_save(tiny_checkpoint, tmp_path, monkeypatch):
+    import onnxruntime as ort
+
+    monkeypatch.setattr(onnxio, "EXTERNAL_DATA_THRESHOLD", 1024)
+    info = resolve_model(tiny_checkpoint("distilbert", "feature-extraction"))
+    exported = tmp_path / "exported.onnx"
+    export.onnx_from_checkpoint(info, exported)  # verified with ONNX Runtime from the split files
+    assert _bytes_in_data_file(exported) > 50_000  # the word embeddings alone are 16 KB
+
+    model = onnxio.load(exported)
+    saved = onnxio.save(model, tmp_path / "saved.onnx")
+    data = onnxio.data_path(saved)
+    assert _bytes_in_data_file(saved) == data.stat().st_size
+    assert _bytes_in_data_file(saved) >= _bytes_in_data_file(exported)
+
+    feeds = export.sample_inputs(info, 2, 9)
+    want = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for source in (str(saved), model.SerializeToString()):  # the caller's model is still whole
+        got = ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+
+    digest = onnxio.sha256(saved)
+    assert digest == hashlib.sha256(saved.read_bytes() + data.read_bytes()).hexdigest()
+    assert digest != files.sha256_file(saved)
+    with open(data, "r+b") as f:  # one weight byte changed must change the hash
+        first = f.read(1)
+        f.seek(0)
+        f.write(bytes([first[0] ^ 1]))
+    assert onnxio.sha256(saved) != digest
+
+    monkeypatch.undo()
+    onnxio.save(model, saved)  # under the real threshold: one self-contained file, stale data gone
+    assert not data.exists()
+    got = ort.InferenceSession(str(saved), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging dirs left
