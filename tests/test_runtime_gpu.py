@@ -228,7 +228,7 @@ def test_target_mismatch_is_raised_before_deserializing(engines, tmp_path):
     cc = f"{gpu.major}.{gpu.minor}"
     with pytest.raises(ManifestMismatchError, match=rf"targets compute capability 5\.0; .* is {cc}"):
         TensorRTModel(copy_engine(engines, tmp_path, edit=other_gpu, blob=GARBAGE))
-    with pytest.raises(InputError, match="could not deserialize"):
+    with pytest.raises(InputError, match="could not load"):
         TensorRTModel(copy_engine(engines, tmp_path, blob=GARBAGE))
 
 
@@ -276,11 +276,13 @@ def test_cuda_graphs_replay_per_shape_bucket(engines):
                          f"graph replay {seed}")
         slot = g._slots[0]
         assert g._graphs_ok, "capture failed"
-        assert list(slot.graphs) == [((2, 16), (2, 16), (2, 16))]
         feeds = feeds_for(ckpt, 3, 9, seed=9)
         g.infer(feeds)
         assert_close(g.infer(feeds)["last_hidden_state"], e.infer(feeds)["last_hidden_state"], 2e-3, "3x9")
-        assert len(slot.graphs) == 2
+        if g.graph_mode == "runtime":  # TensorRT-RTX captures and replays per shape itself
+            assert not slot.graphs
+        else:
+            assert list(slot.graphs) == [((2, 16), (2, 16), (2, 16)), ((3, 9), (3, 9), (3, 9))]
 
 
 @needs_trt

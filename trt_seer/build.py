@@ -29,6 +29,7 @@ class BuildSpec:
     opt_level: int = 3
     hardware_compat: str | None = None  # None | "ampere+" | "same-cc" (full TensorRT)
     compute_caps: tuple[str, ...] = ()  # TensorRT-RTX targets, e.g. ("7.5",)
+    detailed: bool = False  # keep per-layer information for the engine inspector
     verbose: bool = False
 
     def settings(self) -> dict:
@@ -71,6 +72,8 @@ def _config(flavor, builder, network, spec: BuildSpec, timing_cache: Path | None
     config.add_optimization_profile(_profile(flavor, builder, network, spec.profile))
     config.set_memory_pool_limit(flavor.trt.MemoryPoolType.WORKSPACE, spec.workspace_mb << 20)
     config.builder_optimization_level = spec.opt_level
+    if spec.detailed:
+        config.profiling_verbosity = flavor.trt.ProfilingVerbosity.DETAILED
     targets = trt_adapter.set_targets(flavor, config, spec.hardware_compat, spec.compute_caps)
     monitor = trt_adapter.make_progress_monitor(flavor)
     if monitor is not None:

@@ -236,6 +236,7 @@ class TensorRTModel(Model):
         self._cache, self._cache_blob = None, b""
         self._configs: list = []
         self._graphs_ok = options.use_cuda_graph
+        self.graph_mode = "capture" if options.use_cuda_graph else None  # "runtime": the flavor's own
         self._slots = [_Slot(self) for _ in range(options.contexts)]
         self._free: queue.SimpleQueue = queue.SimpleQueue()
         for slot in self._slots:
@@ -277,10 +278,11 @@ class TensorRTModel(Model):
                 self._cache = config.create_runtime_cache()
                 self._load_cache()
             config.set_runtime_cache(self._cache)
-        if self._graphs_ok and hasattr(config, "dynamic_shapes_kernel_specialization_strategy"):
-            # Compile shape-specialised kernels before capture, so graphs do not keep the generic ones.
-            eager = self.flavor.trt.DynamicShapesKernelSpecializationStrategy.EAGER
-            config.dynamic_shapes_kernel_specialization_strategy = eager
+        if self._graphs_ok and hasattr(config, "cuda_graph_strategy"):
+            # TensorRT-RTX does not let callers capture its launches (its JIT may compile kernels
+            # mid-launch); it captures and replays a graph per input shape itself when asked.
+            config.cuda_graph_strategy = self.flavor.trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+            self.graph_mode = "runtime"
         self._configs.append(config)
         return config
 
@@ -371,7 +373,7 @@ class TensorRTModel(Model):
 
     def _execute(self, slot: _Slot, feeds: dict, stream) -> None:
         staged = all(isinstance(v, np.ndarray) for v in feeds.values())
-        if not (self._graphs_ok and staged):
+        if not (self._graphs_ok and staged) or self.graph_mode == "runtime":
             return self._enqueue_engine(slot, stream)
         key = tuple(tuple(v.shape) for v in feeds.values())
         graph = slot.graphs.get(key)
@@ -402,7 +404,7 @@ class TensorRTModel(Model):
         return None
 
     def _disable_graphs(self, why: str) -> None:
-        self._graphs_ok = False
+        self._graphs_ok, self.graph_mode = False, None
         warnings.warn(f"CUDA graphs turned off for {self.path.name}: {why}; running eagerly", RuntimeWarning,
                       stacklevel=4)
 
