@@ -1,0 +1,290 @@
+"""`trt-seer diff` on a tiny BERT: PyTorch / FP32 / FP16 ONNX through Polygraphy, tolerances and
+exit codes, the report directory (Markdown, JSON, PNG, Polygraphy inputs/outputs that
+`polygraphy run` accepts), the per-layer error profile and the engine comparison skipped on CPU."""
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from tiny import make_tiny_checkpoint
+
+from trt_seer import diff, evaluate, manifest, pipeline, trt
+from trt_seer.cli import main
+from trt_seer.errors import InputError
+from trt_seer.families import resolve_model
+from trt_seer.layers import first_jumps, layer_error_profile, most_sensitive
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """FP32 + FP16 ONNX with their records, made by the export pipeline from a tiny checkpoint."""
+    d = tmp_path_factory.mktemp("diff")
+    info = resolve_model(make_tiny_checkpoint("bert", "feature-extraction", d / "tiny-bert"))
+    art = pipeline.Artifacts(d / "engines", info.name)
+    art.out.mkdir()
+    fp32 = pipeline.fp32_onnx(info, art)
+    pipeline.fp16_onnx(info, art, fp32)
+    return info, art
+
+
+def record(art, precision):
+    return manifest.record_path(art.path(f"{precision}.onnx"))
+
+
+def run_diff(capsys, *argv):
+    code = main(["diff", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(capsys, *argv) -> str:
+    code, _, err = run_diff(capsys, *argv)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trt-seer: error: "), err
+    return lines[0]
+
+
+def test_fp32_onnx_vs_pytorch_passes(tiny, capsys):
+    _, art = tiny
+    code, out, _ = run_diff(capsys, record(art, "fp32"))
+    assert code == 0, out
+    rows = [line for line in out.splitlines() if line.startswith("onnxrt-fp32 vs pytorch-fp32")]
+    assert [r.split()[3] for r in rows] == ["last_hidden_state", "sentence_embedding"]
+    assert all(r.endswith("PASS") for r in rows) and out.rstrip().endswith("result: PASS")
+    acc = manifest.read(record(art, "fp32"))["accuracy"]["diff_vs_pytorch"]
+    assert acc["passed"] and acc["reference"] == "pytorch-fp32"
+    emb = acc["comparisons"]["onnxrt-fp32"]["outputs"]["sentence_embedding"]
+    assert 0 < emb["max_abs"] < 1e-4 and emb["mean_cosine"] > 0.99999
+
+
+def test_fp16_passes_defaults_and_fails_a_tiny_tolerance(tiny, capsys):
+    _, art = tiny
+    code, out, _ = run_diff(capsys, record(art, "fp16"))
+    assert code == 0, out
+    assert "onnxrt-fp16 vs onnxrt-fp32" in out
+    code, out, _ = run_diff(capsys, record(art, "fp16"), "--atol", "sentence_embedding=1e-9",
+                            "--rtol", "sentence_embedding=1e-9")
+    assert code == 1
+    verdicts = {line.split()[3]: line.split()[-1] for line in out.splitlines() if line.startswith("onnxrt-fp16 vs")}
+    assert verdicts == {"last_hidden_state": "PASS", "sentence_embedding": "FAIL"}
+    acc = manifest.read(record(art, "fp16"))["accuracy"]["diff_vs_fp32"]
+    assert acc["passed"] is False  # the latest run is what the record keeps
+    assert run_diff(capsys, record(art, "fp16"), "--atol", "1e-9", "--rtol", "1e-9")[0] == 1
+
+
+def test_report_contents(tiny, capsys, tmp_path):
+    info, art = tiny
+    out_dir = tmp_path / "report"
+    before = record(art, "fp16").read_text()
+    code, _, _ = run_diff(capsys, art.path("fp16.onnx"), "--samples", "48", "--layers", "--report", out_dir)
+    assert code == 0
+    assert record(art, "fp16").read_text() == before  # named as a bare .onnx: no record is written
+    rep = json.loads((out_dir / "report.json").read_text())
+    assert {"target", "task", "against", "reference", "candidates", "samples", "passed", "comparisons",
+            "skipped", "layers", "files", "reproduce"} <= set(rep)
+    assert rep["samples"] == 48 and rep["passed"] and rep["skipped"] == []
+    (cmp,) = rep["comparisons"]
+    assert set(cmp["outputs"]) == set(info.outputs)
+    assert {"max_abs", "mean_abs", "max_rel", "mean_rel", "mean_cosine", "elementwise_passed", "atol",
+            "rtol"} <= set(cmp["outputs"]["sentence_embedding"])
+    assert cmp["outputs"]["last_hidden_state"]["atol"] == diff.DEFAULT_TOLERANCES["fp16"].atol
+    md = (out_dir / "report.md").read_text()
+    assert "| comparison | output | max abs | mean abs | max rel | mean rel | cosine | task metric | result |" in md
+    assert md.count("| onnxrt-fp16 vs onnxrt-fp32 |") == 2 and "**Result: PASS**" in md
+    assert len(rep["layers"]["profile"]) > 0 and "## Per-layer error" in md
+
+
+def test_report_files_load_back(tiny, capsys, tmp_path):
+    from matplotlib.image import imread
+    from polygraphy.comparator import RunResults
+    from polygraphy.json import load_json
+
+    info, art = tiny
+    out_dir = tmp_path / "report"
+    assert run_diff(capsys, record(art, "fp16"), "--samples", "32", "--layers", "--report", out_dir)[0] == 0
+    feeds = load_json(str(out_dir / "inputs.json"))
+    assert len(feeds) == 2 and list(feeds[0]) == list(info.inputs)
+    results = RunResults.load(str(out_dir / "outputs.json"))
+    assert [name for name, _ in results] == ["onnxrt-fp16", "onnxrt-fp32"]
+    fresh = evaluate.run_batches(evaluate.session(art.path("fp32.onnx")), feeds)
+    for saved, again in zip(dict(results)["onnxrt-fp32"], fresh):
+        np.testing.assert_allclose(saved["sentence_embedding"], again["sentence_embedding"], rtol=1e-6, atol=1e-7)
+    plots = json.loads((out_dir / "report.json").read_text())["files"]["plots"]
+    assert set(plots) == {"error_hist_last_hidden_state.png", "error_hist_sentence_embedding.png", "layer_profile.png"}
+    for name in plots:
+        assert (out_dir / name).read_bytes()[:8] == PNG_SIGNATURE
+        image = imread(out_dir / name)
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def _reproduce_lines(md: str) -> list[str]:
+    block = md.split("## Reproduce with Polygraphy", 1)[1]
+    return [line for line in block.splitlines() if "polygraphy run " in line and not line.startswith("#")]
+
+
+@pytest.mark.slow
+def test_polygraphy_run_reproduces_fp32_comparison(tiny, capsys, tmp_path):
+    _, art = tiny
+    out_dir = tmp_path / "report"
+    assert run_diff(capsys, record(art, "fp32"), "--samples", "32", "--report", out_dir)[0] == 0
+    (cmd,) = _reproduce_lines((out_dir / "report.md").read_text())
+    assert re.match(r"polygraphy run \S+fp32\.onnx --onnxrt --load-inputs inputs\.json "
+                    r"--load-outputs outputs\.json", cmd)
+    plain = f"polygraphy run {cmd.split()[2]} --onnxrt --load-inputs inputs.json --load-outputs outputs.json"
+    for line in (cmd, plain):
+        r = subprocess.run(line, shell=True, cwd=out_dir, capture_output=True, text=True, timeout=300, check=False)
+        assert r.returncode == 0, (line, r.stdout[-2000:], r.stderr[-2000:])
+        assert "PASSED" in r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_polygraphy_run_reproduces_fp16_comparison(tiny, capsys, tmp_path):
+    _, art = tiny
+    out_dir = tmp_path / "report"
+    assert run_diff(capsys, record(art, "fp16"), "--samples", "32", "--report", out_dir)[0] == 0
+    (cmd,) = _reproduce_lines((out_dir / "report.md").read_text())
+    r = subprocess.run(cmd, shell=True, cwd=out_dir, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    strict = cmd.replace("sentence_embedding:0.01", "sentence_embedding:1e-9")  # must then fail
+    r = subprocess.run(strict, shell=True, cwd=out_dir, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode != 0
+
+
+def test_layer_profile_fp16_vs_fp32(tiny):
+    info, art = tiny
+    fp32, fp16 = art.path("fp32.onnx"), art.path("fp16.onnx")
+    batches = evaluate.eval_batches(info)[:2]
+    profile = layer_error_profile(fp32, fp16, batches)
+    graph_order = [n.name for n in onnx.load(str(fp32)).graph.node if n.op_type in ("MatMul", "Gemm")]
+    assert [r["node"] for r in profile] == graph_order  # every GEMM, in graph order
+    assert all(0 < r["rel_error"] < 1e-2 for r in profile)  # FP16 rounding, not breakage
+    assert all(r["added_error"] == pytest.approx(r["rel_error"] - r["received_error"]) for r in profile)
+    assert profile[0]["received_error"] == 0.0
+    picked = layer_error_profile(fp32, fp16, batches, nodes=graph_order[2:4])
+    assert [r["node"] for r in picked] == graph_order[2:4]
+    same = layer_error_profile(fp32, fp32, batches)
+    assert all(r["rel_error"] == 0.0 for r in same) and first_jumps(same) == []
+    with pytest.raises(InputError, match="no-such-node"):
+        layer_error_profile(fp32, fp16, batches, nodes=["no-such-node"])
+
+
+def test_layer_profile_finds_the_damaged_layer(tiny, tmp_path):
+    """One GEMM's weights perturbed by 5%: that layer is the first jump and the most sensitive."""
+    from onnx import numpy_helper
+
+    info, art = tiny
+    model = onnx.load(str(art.path("fp32.onnx")))
+    inits = {t.name: t for t in model.graph.initializer}
+    gemms = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    victim = gemms[len(gemms) // 2]
+    w = numpy_helper.to_array(inits[victim.input[1]])
+    noise = np.random.default_rng(0).standard_normal(w.shape).astype(w.dtype) * 0.05 * np.abs(w).mean()
+    inits[victim.input[1]].CopyFrom(numpy_helper.from_array(w + noise, victim.input[1]))
+    damaged = tmp_path / "damaged.onnx"
+    onnx.save(model, str(damaged))
+    profile = layer_error_profile(art.path("fp32.onnx"), damaged, evaluate.eval_batches(info)[:2])
+    before = [r for r in profile if r["index"] < next(r["index"] for r in profile if r["node"] == victim.name)]
+    assert all(r["rel_error"] == 0.0 for r in before)
+    assert first_jumps(profile)[0]["node"] == victim.name
+    assert most_sensitive(profile, 1) == [victim.name]
+
+
+def test_int8_policy_gates_on_the_task_metric(tiny, capsys, tmp_path):
+    """INT8 rules on an INT8-named artifact (the FP16 graph stands in for a Q/DQ graph): elementwise
+    errors are reported but do not gate, the task metric gates and the layer profile is on."""
+    _, art = tiny
+    d = tmp_path / "engines"
+    d.mkdir()
+    shutil.copy(art.path("fp32.onnx"), d / f"{art.name}.fp32.onnx")
+    shutil.copy(art.path("fp16.onnx"), d / f"{art.name}.int8.onnx")
+    target = d / f"{art.name}.int8.onnx"
+    code, out, _ = run_diff(capsys, target, "--model", resolve_model_path(art), "--atol", "1e-9",
+                            "--rtol", "1e-9", "--report", tmp_path / "report")
+    assert code == 0, out
+    rows = [line for line in out.splitlines() if line.startswith("onnxrt-int8 vs onnxrt-fp32")]
+    assert "info (over tol)" in rows[0] and rows[1].endswith("PASS")
+    assert "per-layer error" in out and (tmp_path / "report" / "layer_profile.png").is_file()
+    assert not manifest.record_path(target).exists()  # a bare .onnx gets no record written
+
+
+def resolve_model_path(art) -> Path:
+    return Path(manifest.read(record(art, "fp32"))["source"]["checkpoint"])
+
+
+def test_bad_inputs_exit_2(tiny, capsys, tmp_path):
+    _, art = tiny
+    assert "manifest not found" in one_line_error(capsys, tmp_path / "x.fp16.manifest.json")
+    assert "unknown --against 'int4'" in one_line_error(capsys, record(art, "fp16"), "--against", "int4")
+    assert "neither an engine manifest" in one_line_error(capsys, tmp_path / "model.bin")
+    assert "reference itself" in one_line_error(capsys, record(art, "fp32"), "--against", "fp32")
+    for bad in ("abc", "=1e-3", "x=-1", "nan"):
+        assert "malformed --atol" in one_line_error(capsys, record(art, "fp16"), "--atol", bad)
+    assert "unknown output 'logits'" in one_line_error(capsys, record(art, "fp16"), "--rtol", "logits=1e-3")
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(art.path("fp32.onnx"), lone / "m.fp32.onnx")
+    assert "no such artifact" in one_line_error(capsys, lone / "m.fp32.onnx", "--against", "fp16")
+    assert "pass --model DIR" in one_line_error(capsys, lone / "m.fp32.onnx")
+    shutil.copy(art.path("fp32.onnx"), lone / "model.onnx")
+    assert "cannot tell name and precision" in one_line_error(capsys, lone / "model.onnx")
+
+
+def test_tolerance_overrides():
+    spec = diff.DiffSpec(atol=(("", 1e-3), ("b", 5e-2), ("", 2e-3)), rtol=(("a", 0.5),))
+    tols = diff.tolerances("fp16", ["a", "b"], spec)
+    assert (tols["a"].atol, tols["a"].rtol) == (2e-3, 0.5)  # last bare atol, named rtol
+    assert (tols["b"].atol, tols["b"].rtol) == (5e-2, diff.DEFAULT_TOLERANCES["fp16"].rtol)
+    assert diff.tolerances("int8", ["a"], diff.DiffSpec())["a"].gating is False
+    assert diff.parse_tolerance("--atol", "sentence_embedding=1e-3") == ("sentence_embedding", 1e-3)
+    assert diff.parse_tolerance("--rtol", "0") == ("", 0.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny):
+    """A real TensorRT(-RTX) FP16 engine + manifest for the tiny model (the builder runs on CPU)."""
+    from trt_seer.build import BuildSpec
+    from trt_seer.families import ShapeProfile
+
+    if not trt.available():
+        pytest.skip("no TensorRT / TensorRT-RTX importable to build an engine")
+    _, art = tiny
+    spec = BuildSpec(precision="fp16", profile=ShapeProfile((1, 4, 16), (8, 32, 64)), workspace_mb=256)
+    pipeline.engine(manifest.read(record(art, "fp16")), art, spec)
+    return art.path("fp16.manifest.json")
+
+
+def test_engine_comparison_skipped_without_gpu(tiny_engine, capsys, tmp_path):
+    reason = diff.gpu_unavailable_reason()
+    if reason is None:
+        pytest.skip("a CUDA device is present: the engine comparison runs (see the gpu test)")
+    manifest_path = tiny_engine
+    code, out, _ = run_diff(capsys, manifest_path, "--report", tmp_path / "report")
+    assert code == 0, out
+    assert f"skipped: tensorrt-fp16 vs onnxrt-fp32: {reason}" in out
+    assert "onnxrt-fp16 vs onnxrt-fp32" in out  # its ONNX graph is still compared
+    rep = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert rep["skipped"] == [{"comparison": "tensorrt-fp16 vs onnxrt-fp32", "reason": reason}]
+    assert f"- tensorrt-fp16 vs onnxrt-fp32: {reason}" in (tmp_path / "report" / "report.md").read_text()
+    acc = manifest.read_engine_manifest(manifest_path)["accuracy"]["diff_vs_fp32"]
+    assert acc["skipped"] == rep["skipped"] and list(acc["comparisons"]) == ["onnxrt-fp16"]
+
+
+@pytest.mark.gpu
+def test_engine_compared_on_gpu(tiny_engine, capsys, tmp_path):
+    manifest_path = tiny_engine
+    reason = diff.engine_unavailable_reason(manifest.read_engine_manifest(manifest_path))
+    if reason:
+        pytest.skip(f"engine cannot run here: {reason}")
+    code, out, _ = run_diff(capsys, manifest_path, "--report", tmp_path / "report")
+    assert code == 0, out
+    rows = [line for line in out.splitlines() if line.startswith("tensorrt-fp16 vs onnxrt-fp32")]
+    assert len(rows) == 2 and all(r.endswith("PASS") for r in rows)
+    cmds = _reproduce_lines((tmp_path / "report" / "report.md").read_text())
+    assert any("--model-type engine --trt" in c for c in cmds)
