@@ -1,0 +1,283 @@
+"""`trt-seer bench`: a real --quick sweep on a tiny checkpoint and its ONNX files (table, JSON,
+PNG plots, manifest `bench` sections, BENCHMARKS.md append), the statistics and cost arithmetic,
+the INT8-benefit warning on manifests written here, and GPU paths listed as skipped on a CPU box."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tiny import make_tiny_checkpoint
+from trt_seer import bench, manifest
+from trt_seer.errors import InputError
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+QUICK_PATHS = ("torch-fp32-cpu", "torch-int8-cpu", "ort-*", "*-gpu", "trt-*")
+
+
+def cli(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "trt_seer", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "TQDM_DISABLE": "1"})
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """A tiny BERT, its FP32 + FP16 ONNX made by `export`, then one `bench --quick` over it."""
+    root = tmp_path_factory.mktemp("bench")
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", root / "tinybert")
+    engines = root / "engines"
+    r = cli("export", "--model", str(ckpt), "--fp16", "--out", str(engines))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = cli("bench", "--model", str(ckpt), "--engines", str(engines), "--quick", "--threads", "1",
+            "--report", str(root / "report"), "--append", str(root / "BENCHMARKS.md"), "--paths", *QUICK_PATHS)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((root / "report" / "report.json").read_text())
+    return root, r, report
+
+
+def rows_by_key(report):
+    return {row["key"]: row for row in report["rows"]}
+
+
+@pytest.mark.slow
+def test_quick_prints_one_table_with_every_path_ran_or_skipped(quick_run):
+    _, r, report = quick_run
+    assert "| Path | Batch | p50 ms | p90 ms | p99 ms | CV | samples/s |" in r.stdout
+    expected = set(bench.select_paths(list(QUICK_PATHS)))
+    assert {row["key"] for row in report["rows"]} == expected  # nothing silently dropped
+    ran = {k for k, row in rows_by_key(report).items() if row["status"] == "ok"}
+    assert {"torch-fp32-cpu", "torch-int8-cpu", "ort-fp32-cpu", "ort-fp16-cpu"} <= ran
+    for row in report["rows"]:
+        if row["status"] == "ok":
+            assert [p["batch"] for p in row["points"]] == [1, 2]
+            assert r.stdout.count(f"| {row['label']} |") == 2
+        else:
+            assert f"`{row['key']}`): {row['status']}: {row['reason']}" in r.stdout
+    int8 = rows_by_key(report)["ort-int8-cpu"]
+    assert int8["status"] == "skipped" and "no tinybert.int8.onnx" in int8["reason"]
+
+
+@pytest.mark.slow
+def test_gpu_paths_in_a_real_run_are_skipped_with_the_reason_on_a_cpu_machine(quick_run):
+    if cuda_available():
+        pytest.skip("a CUDA GPU is visible: GPU paths run here")
+    _, _, report = quick_run
+    for key, row in rows_by_key(report).items():
+        path = bench.PATH_BY_KEY[key]
+        if path.device == "cuda":
+            why = "no CUDA GPU visible to PyTorch" if path.backend == "torch" else "engines cannot run here"
+            assert row["status"] == "skipped" and why in row["reason"], row
+            assert row["points"] == []
+
+
+@pytest.mark.slow
+def test_quick_report_numbers_are_consistent(quick_run):
+    _, _, report = quick_run
+    price = report["settings"]["price_per_hour"]
+    assert report["settings"]["seq"] == 16 and report["settings"]["quick"] is True
+    for row in (r for r in report["rows"] if r["status"] == "ok"):
+        assert row["size_bytes"] > 0
+        for p in row["points"]:
+            assert 0 < p["p50_ms"] <= p["p90_ms"] <= p["p99_ms"]
+            assert 3 <= p["iters"] <= report["settings"]["timing"]["max_iters"]
+            assert p["noisy"] == (p["cv"] > bench.NOISY_CV)
+            assert p["throughput"] == pytest.approx(p["batch"] * 1000 / p["p50_ms"])
+            assert p["cost_per_million"] == pytest.approx(price / (3600 * p["throughput"]) * 1e6)
+            assert p["memory_bytes"] > 10 * 2**20  # a whole Python process's peak RSS
+    rows = rows_by_key(report)
+    assert rows["torch-fp32-cpu"]["accuracy_summary"] == "reference"
+    assert rows["ort-fp32-cpu"]["accuracy"]["mean_cosine"] > 0.9999
+    assert rows["ort-fp16-cpu"]["accuracy"]["samples"] == report["settings"]["eval_samples"]
+    # per-path processes: ONNX Runtime's peak RSS is its own, without the PyTorch the others load
+    peak = {k: rows[k]["points"][-1]["memory_bytes"] for k in ("ort-fp32-cpu", "torch-fp32-cpu")}
+    assert peak["ort-fp32-cpu"] < 0.6 * peak["torch-fp32-cpu"]
+    # dynamic INT8 stores the Linear weights in one byte instead of four
+    assert rows["torch-int8-cpu"]["size_bytes"] < 0.8 * rows["torch-fp32-cpu"]["size_bytes"]
+
+
+@pytest.mark.slow
+def test_quick_report_writes_markdown_and_valid_pngs(quick_run):
+    import matplotlib.image
+
+    root, _, report = quick_run
+    md = (root / "report" / "report.md").read_text()
+    assert report["method"]["cost"] in md and "## INT8" in md and "Noisy points" in md
+    for name in ("latency_vs_batch.png", "throughput.png", "memory.png", "cost.png"):
+        path = root / "report" / name
+        assert path.read_bytes()[:8] == PNG_SIGNATURE, name
+        image = matplotlib.image.imread(path)
+        assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 400
+        assert float(np.std(image)) > 0.01  # something is drawn, not a blank canvas
+
+
+@pytest.mark.slow
+def test_quick_run_records_bench_in_the_onnx_records_and_appends(quick_run):
+    root, _, report = quick_run
+    record = manifest.read(root / "engines" / "tinybert.fp16.onnx.json")
+    section = record["bench"]
+    assert section["path"] == "ort-fp16-cpu" and section["seq"] == 16
+    assert [p["batch"] for p in section["points"]] == [1, 2]
+    assert record["precision"] == "fp16" and "accuracy" in record  # the rest is untouched
+    appended = (root / "BENCHMARKS.md").read_text()
+    assert f"## {report['created_at'][:10]}: tinybert, seq 16" in appended
+    assert "- Command: `python -m trt_seer bench --model" in appended
+    assert report["machine"]["cpu"] in appended and "| Path | Batch |" in appended
+
+
+def test_cost_and_throughput_arithmetic():
+    assert bench.throughput(8, 4.0) == pytest.approx(2000.0)
+    # $2.50/hour at 1000 samples/s: 3.6M samples an hour, so 1M cost 2.5 / 3.6
+    assert bench.cost_per_million(2.5, 1000.0) == pytest.approx(2.5 / 3.6)
+    assert bench.cost_per_million(2.5, 2000.0) == pytest.approx(bench.cost_per_million(2.5, 1000.0) / 2)
+
+
+def test_summarize_percentiles_and_noise():
+    times = [1.0] * 90 + [2.0] * 9 + [10.0]
+    s = bench.summarize(times)
+    assert s["p50_ms"] == 1.0 and s["p90_ms"] == pytest.approx(np.percentile(times, 90))
+    assert s["p99_ms"] == pytest.approx(np.percentile(times, 99))
+    assert s["cv"] == pytest.approx(np.std(times, ddof=1) / np.mean(times)) and s["noisy"]
+    assert not bench.summarize([5.0, 5.1, 4.9, 5.0])["noisy"]
+
+
+def test_measure_stops_on_a_stable_median_or_the_budget():
+    spec = bench.TimingSpec(warmup=1, warmup_s=1.0, check_every=10, rtol=0.01, max_iters=1000, budget_s=60.0)
+    times, why = bench.measure(lambda: 2.0, spec)
+    assert why == "stable" and len(times) == 20
+    drifting = iter(range(1, 10**6))
+    times, why = bench.measure(lambda: float(next(drifting)), bench.TimingSpec(
+        warmup=0, check_every=10, rtol=0.0, max_iters=50, budget_s=60.0))
+    assert why == "max-iters" and len(times) == 50
+    times, why = bench.measure(lambda: float(next(drifting)), bench.TimingSpec(
+        warmup=0, check_every=10, rtol=0.0, max_iters=10**6, budget_s=0.05))
+    assert why == "time-budget" and len(times) >= 3
+
+
+def write_manifest(path, size_bytes, p50_by_batch=None, machine=None):
+    data = {"name": "m", "precision": path.name.split(".")[1], "engine": {"file": path.name, "size_bytes": size_bytes}}
+    if p50_by_batch:
+        data["bench"] = {"seq": 128, "machine": machine or {"gpu": "NVIDIA H200", "device": "cuda"},
+                         "points": [{"batch": b, "p50_ms": v} for b, v in p50_by_batch.items()]}
+    manifest.write(path, data)
+    return manifest.read(path)
+
+
+MIB = 2**20
+
+
+def test_int8_warning_triggers_when_int8_is_neither_faster_nor_smaller(tmp_path):
+    fp16 = write_manifest(tmp_path / "m.fp16.manifest.json", 20 * MIB, {1: 1.00, 8: 2.00, 32: 6.0})
+    int8 = write_manifest(tmp_path / "m.int8.manifest.json", int(19.6 * MIB), {1: 0.99, 8: 1.95, 32: 5.9})
+    warning = bench.int8_benefit_warning(int8, fp16)
+    assert warning and "FP16" in warning
+    assert "2% smaller" in warning and "2% faster" in warning and "b1, b8, b32" in warning
+
+
+def test_int8_warning_triggers_when_int8_is_smaller_but_slower(tmp_path):
+    fp16 = write_manifest(tmp_path / "m.fp16.manifest.json", 20 * MIB, {1: 1.0, 8: 2.0})
+    int8 = write_manifest(tmp_path / "m.int8.manifest.json", 11 * MIB, {1: 1.3, 8: 2.4})
+    warning = bench.int8_benefit_warning(int8, fp16)
+    assert warning and "45% smaller" in warning and "slower" in warning
+
+
+def test_int8_warning_on_size_alone_says_latency_is_unmeasured(tmp_path):
+    fp16 = write_manifest(tmp_path / "m.fp16.manifest.json", 20 * MIB)
+    int8 = write_manifest(tmp_path / "m.int8.manifest.json", int(19.8 * MIB))
+    warning = bench.int8_benefit_warning(int8, fp16)
+    assert warning and "1% smaller" in warning and "latency not measured" in warning
+
+
+def test_int8_warning_silent_on_a_good_case(tmp_path):
+    fp16 = write_manifest(tmp_path / "m.fp16.manifest.json", 20 * MIB, {1: 1.0, 8: 2.0, 32: 6.0})
+    fast = write_manifest(tmp_path / "m.int8.manifest.json", 19 * MIB, {1: 0.8, 8: 1.5, 32: 4.0})
+    assert bench.int8_benefit_warning(fast, fp16) is None  # 26% faster: worth it though barely smaller
+    small = write_manifest(tmp_path / "s.int8.manifest.json", 11 * MIB)
+    assert bench.int8_benefit_warning(small, fp16) is None  # 45% smaller, latency unknown
+
+
+def test_int8_latencies_from_different_machines_are_not_compared(tmp_path):
+    fp16 = write_manifest(tmp_path / "m.fp16.manifest.json", 20 * MIB, {1: 1.0}, {"gpu": "NVIDIA A10"})
+    int8 = write_manifest(tmp_path / "m.int8.manifest.json", 11 * MIB, {1: 5.0}, {"gpu": "NVIDIA H200"})
+    c = bench.int8_comparison(bench.manifest_facts(int8), bench.manifest_facts(fp16))
+    assert c["faster"] is None and c["smaller"] == pytest.approx(0.45)
+
+
+def test_gpu_only_paths_are_planned_as_skipped_with_the_reason(tmp_path):
+    host = bench.probe_host()
+    if host.gpu:
+        pytest.skip(f"{host.gpu} is visible: GPU paths are runnable here")
+    spec = bench.BenchSpec(engines=tmp_path, batches=(1, 8))
+    planned = {p.path.key: p for p in bench.plan(spec, "m", host)}
+    assert set(planned) == set(bench.PATH_BY_KEY)
+    for key in ("torch-fp32-gpu", "torch-tf32-gpu", "torch-amp-fp16-gpu", "torch-amp-bf16-gpu", "torch-half-gpu"):
+        assert planned[key].batches == () and "no CUDA GPU" in planned[key].reason
+    assert "no m.fp16.engine" in planned["trt-fp16"].reason
+    assert "engines cannot run here" in planned["trt-fp16"].reason
+    assert planned["torch-fp32-cpu"].reason is None and planned["torch-fp32-cpu"].batches == (1, 8)
+    assert planned["trt-fp16"].label.endswith("FP16 on GPU")
+
+
+def test_engine_label_comes_from_flavor_and_gpu_name():
+    host = bench.Host(cpu="x", cores=1, gpu="NVIDIA H200", torch_gpu_reason=None, bf16=True, torch_int8=True,
+                      onnxruntime="1", tensorrt={"flavor": "tensorrt_rtx", "version": "1.7"}, engine_reason=None,
+                      versions={})
+    assert bench.label(bench.PATH_BY_KEY["trt-fp16"], host) == "TensorRT-RTX FP16 on H200"
+    host = bench.Host(**{**host.__dict__, "gpu": "NVIDIA GeForce RTX 4090",
+                         "tensorrt": {"flavor": "tensorrt", "version": "10.9"}})
+    assert bench.label(bench.PATH_BY_KEY["trt-int8"], host) == "TensorRT INT8 on GeForce RTX 4090"
+    assert bench.label(bench.PATH_BY_KEY["torch-amp-bf16-gpu"], host) == "PyTorch AMP BF16 on GeForce RTX 4090"
+
+
+def test_engine_profile_limits_the_batches(tmp_path):
+    engine = tmp_path / "m.int8.engine"
+    engine.write_bytes(b"not run here")
+    manifest.write(manifest.engine_manifest_path(engine), {"profiles": [{"batch": [1, 4, 8], "seq": [8, 128, 256]}]})
+    planned = bench.Planned(bench.PATH_BY_KEY["trt-int8"], "x", engine, (1, 8, 32))
+    fitted = bench._fit_profile(planned, 128)
+    assert fitted.batches == (1, 8) and fitted.skipped_batches[0][0] == 32
+    assert "1..8" in fitted.skipped_batches[0][1]
+    assert "outside the engine's profile" in bench._fit_profile(planned, 512).reason
+
+
+def test_select_paths_takes_names_globs_and_commas():
+    assert bench.select_paths(["trt-*"]) == ("trt-fp32", "trt-fp16", "trt-int8")
+    assert bench.select_paths(["ort-fp32-cpu,torch-fp32-cpu"]) == ("torch-fp32-cpu", "ort-fp32-cpu")
+    assert bench.select_paths(None) == tuple(bench.PATH_BY_KEY)
+    with pytest.raises(InputError, match="matches no path"):
+        bench.select_paths(["tensorflow-*"])
+
+
+def test_cli_rejects_model_and_model_config_together(capsys):
+    from trt_seer.cli import main
+
+    assert main(["bench", "--model", "x", "--model-config", "bert-base"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--model or --model-config" in err
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_pytorch_gpu_paths_run(tmp_path):
+    if not cuda_available():
+        pytest.skip("no CUDA GPU visible to PyTorch")
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "tinybert")
+    r = cli("bench", "--model", str(ckpt), "--engines", str(tmp_path), "--quick", "--report", str(tmp_path / "rep"),
+            "--paths", "*-gpu")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = rows_by_key(json.loads((tmp_path / "rep" / "report.json").read_text()))
+    for key in ("torch-fp32-gpu", "torch-tf32-gpu", "torch-amp-fp16-gpu", "torch-half-gpu"):
+        assert rows[key]["status"] == "ok", rows[key]
+        assert rows[key]["timing_kind"] == "CUDA events"
+        assert all(p["memory_bytes"] > 0 for p in rows[key]["points"])
+        assert rows[key]["accuracy"]["mean_cosine"] > 0.99
+    assert rows["torch-half-gpu"]["size_bytes"] == pytest.approx(rows["torch-fp32-gpu"]["size_bytes"] / 2, rel=0.01)
+    assert math.isclose(rows["torch-fp32-gpu"]["accuracy"]["mean_cosine"], 1.0, abs_tol=1e-5)
