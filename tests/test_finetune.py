@@ -1,0 +1,349 @@
+"""trt_seer.finetune on tiny BERT checkpoints (CPU): AMP, gradient accumulation, ZeRO-1 over two
+gloo processes, the output checkpoint, metrics and bad input."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny import make_tiny_checkpoint
+
+from trt_seer.cli import main
+from trt_seer.errors import InputError
+from trt_seer.finetune import (
+    AmpSpec,
+    DataSpec,
+    FinetuneSpec,
+    checkpoint,
+    data,
+    finetune,
+    monitor,
+)
+
+TOPICS = ("sports", "health", "business", "tech")
+SPECIAL = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]  # ids 0..4; tiny.py's pad id is 0
+CUES = {t: [f"{t}{k}" for k in range(6)] for t in TOPICS}  # words that give the label away
+FILLER = [f"w{k}" for k in range(24)]  # words every class uses
+VOCAB = SPECIAL + [w for words in CUES.values() for w in words] + FILLER  # 53 tokens < tiny's 128
+
+
+def save_tokenizer(dest: Path) -> None:
+    """A WordPiece tokenizer over VOCAB with BERT's [CLS] x [SEP] template."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(VOCAB)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]",
+                                   model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+    fast.save_pretrained(str(dest))
+
+
+def tiny_bert(dest: Path, **overrides) -> Path:
+    """Tiny BERT for 4-way classification, dropout off (so runs are deterministic), plus tokenizer.
+    64 hidden units: at tiny.py's 32 some seeds stall at 2 of 4 classes."""
+    kwargs = {"hidden_size": 64, "intermediate_size": 128, **overrides}
+    make_tiny_checkpoint("bert", "text-classification", dest, num_labels=4, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0, **kwargs)
+    save_tokenizer(dest)
+    return dest
+
+
+def toy_rows(n: int, seed: int) -> list[dict]:
+    """A learnable task: three cue words name the topic among 1-5 filler words."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        topic = rng.choice(TOPICS)
+        words = rng.sample(CUES[topic], 3) + [rng.choice(FILLER) for _ in range(rng.randint(1, 5))]
+        rng.shuffle(words)
+        rows.append({"text": " ".join(words), "label": topic})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def spec(tmp: Path, model: Path, out: str = "out", **kw) -> FinetuneSpec:
+    kw.setdefault("data", DataSpec(train=tmp / "train.jsonl", eval=tmp / "eval.jsonl"))
+    return FinetuneSpec(out=tmp / out, model=model, device="cpu", **{"lr": 3e-3, "batch": 8, **kw})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run several times faster on one thread than on two busy cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("toy")
+    tiny_bert(tmp / "bert")
+    write_jsonl(tmp / "train.jsonl", toy_rows(192, seed=1))
+    write_jsonl(tmp / "eval.jsonl", toy_rows(64, seed=2))
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def trained(toy) -> Path:
+    """One bf16 run on the toy task, shared by the output tests."""
+    return finetune(spec(toy, toy / "bert", "bf16", amp=AmpSpec("bf16"), epochs=3))
+
+
+def leftovers(folder: Path) -> list[str]:
+    return [p.name for p in folder.iterdir() if p.name.startswith(".")]
+
+
+# -- AMP ---------------------------------------------------------------------------------------
+
+def test_bf16_on_cpu_trains_and_loss_decreases(trained):
+    record = json.loads((trained / "training.json").read_text())
+    epochs = record["metrics"]["epochs"]
+    assert record["settings"]["amp"]["mode"] == "bf16" and record["hardware"]["device"] == "cpu"
+    assert epochs[-1]["train_loss"] < 0.5 * epochs[0]["train_loss"]
+    assert epochs[-1]["eval_loss"] < epochs[0]["eval_loss"]
+    assert epochs[-1]["eval_accuracy"] > 0.8  # chance is 0.25
+    assert record["metrics"]["skipped_steps"] == 0 and epochs[-1]["loss_scale"] is None  # no scaler
+
+
+def test_fp16_without_cuda_is_refused_before_anything_is_written(toy, capsys):
+    with pytest.raises(InputError, match="--amp bf16"):
+        finetune(spec(toy, toy / "bert", "fp16", amp=AmpSpec("fp16")))
+    code = main(["finetune", "--model", str(toy / "bert"), "--train", str(toy / "train.jsonl"),
+                 "--amp", "fp16", "--device", "cpu", "--out", str(toy / "fp16")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--amp bf16" in err
+    assert not (toy / "fp16").exists() and not leftovers(toy)
+
+
+def test_help_says_fp16_needs_cuda_and_bf16_works_on_cpu(capsys):
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "needs a CUDA GPU; on CPU use bf16" in text and "--zero1" in text
+
+
+@pytest.mark.gpu
+def test_fp16_loss_scaler_counts_overflowed_steps(toy):
+    """The scaler path itself (CUDA only): an absurd initial scale overflows and is backed off."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("fp16 loss scaling needs a CUDA GPU")
+    out = finetune(FinetuneSpec(out=toy / "fp16-gpu", model=toy / "bert", device="cuda", batch=16,
+                                amp=AmpSpec("fp16", init_scale=2.0**40), epochs=2,
+                                data=DataSpec(toy / "train.jsonl", toy / "eval.jsonl")))
+    record = json.loads((out / "training.json").read_text())
+    assert record["metrics"]["skipped_steps"] >= 1
+    assert record["metrics"]["epochs"][-1]["loss_scale"] < 2.0**40
+
+
+# -- gradient accumulation -----------------------------------------------------------------------
+
+def grads_after(tmp: Path, model_dir: Path, micro_sizes: list[int]) -> dict:
+    """Gradients after one optimizer step's backward over micro-batches of the given sizes."""
+    import torch
+
+    from trt_seer.families import resolve_model
+    from trt_seer.finetune.distributed import Context
+    from trt_seer.finetune.train import backward, make_trainer
+
+    info = resolve_model(model_dir, "text-classification")
+    tokenizer = checkpoint.load_tokenizer(info)
+    dataset = data.load_dataset(DataSpec(train=tmp / "train.jsonl", eval=tmp / "eval.jsonl"))
+    encoded = data.encode(dataset.train, tokenizer, 64)
+    model = checkpoint.load_model(info, dataset.labels, tokenizer.pad_token_id, seed=0)
+    tr = make_trainer(model, spec(tmp, model_dir, accum=len(micro_sizes)), Context(torch.device("cpu")), 10, 0)
+    starts = [sum(micro_sizes[:i]) for i in range(len(micro_sizes))]
+    micro = [data.collate(encoded, list(range(s, s + n)), tokenizer.pad_token_id)
+             for s, n in zip(starts, micro_sizes)]
+    backward(tr, micro, sum(micro_sizes))
+    return {name: p.grad.clone() for name, p in tr.module.named_parameters()}
+
+
+@pytest.mark.parametrize("micro_sizes", [[4, 4, 4, 4], [5, 5, 3]])
+def test_accumulated_gradients_equal_one_large_batch(toy, micro_sizes):
+    import torch
+
+    accumulated = grads_after(toy, toy / "bert", micro_sizes)
+    large = grads_after(toy, toy / "bert", [sum(micro_sizes)])
+    assert accumulated.keys() == large.keys()
+    for name, g in large.items():
+        assert g.abs().sum() > 0, name
+        torch.testing.assert_close(accumulated[name], g, rtol=1e-5, atol=1e-7, msg=name)
+
+
+# -- ZeRO-1 over two processes -------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_zero1_two_gloo_processes_match_one_process(toy):
+    """torchrun, 2 CPU processes x batch 4 with ZeRO-1 == 1 process x batch 8: same losses; each
+    rank holds about half of AdamW's state."""
+    args = ["--model", str(toy / "bert"), "--train", str(toy / "train.jsonl"), "--eval", str(toy / "eval.jsonl"),
+            "--device", "cpu", "--lr", "3e-3", "--epochs", "1", "--max-steps", "8"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "-m", "trt_seer", "finetune", *args, "--batch", "4", "--zero1", "--out", str(toy / "zero")],
+                       capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    single = finetune(spec(toy, toy / "bert", "single", epochs=1, max_steps=8))
+    zero, one = (json.loads((d / "training.json").read_text()) for d in (toy / "zero", single))
+    assert zero["settings"]["processes"] == 2 and zero["settings"]["effective_batch"] == 8
+    losses = [[r["loss"] for r in monitor.read_metrics(d / "metrics.jsonl") if r["kind"] == "step"]
+              for d in (toy / "zero", single)]
+    assert len(losses[0]) == len(losses[1]) == 8
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+    shards, (whole,) = zero["metrics"]["optimizer_state_bytes_per_rank"], one["metrics"]["optimizer_state_bytes_per_rank"]
+    assert len(shards) == 2 and sum(shards) == pytest.approx(whole, rel=0.01)
+    assert all(0.35 * whole < s < 0.65 * whole for s in shards)
+
+
+def test_zero1_without_torchrun_is_refused(toy):
+    with pytest.raises(InputError, match="torchrun"):
+        finetune(spec(toy, toy / "bert", "z", zero1=True))
+
+
+# -- output ------------------------------------------------------------------------------------
+
+def test_output_is_a_hugging_face_checkpoint(trained, toy):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(trained)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(trained))
+    config = json.loads((trained / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"]
+    assert config["id2label"] == {"0": "business", "1": "health", "2": "sports", "3": "tech"}
+    assert config["label2id"]["tech"] == 3
+    rows = toy_rows(32, seed=3)
+    with torch.no_grad():
+        logits = model(**tokenizer([r["text"] for r in rows], padding=True, return_tensors="pt")).logits
+    predicted = [model.config.id2label[i] for i in logits.argmax(-1).tolist()]
+    assert sum(p == r["label"] for p, r in zip(predicted, rows)) / len(rows) > 0.8
+    assert not leftovers(toy)
+
+
+def test_training_json_metrics_jsonl_and_png(trained):
+    record = json.loads((trained / "training.json").read_text())
+    assert record["data"] == {"source": str(trained.parent / "train.jsonl"), "train_examples": 192,
+                              "eval_examples": 64, "labels": ["business", "health", "sports", "tech"], "max_seq": 128}
+    assert record["settings"]["master_weights"] == "fp32" and record["hardware"]["torch"]
+    rows = monitor.read_metrics(trained / "metrics.jsonl")
+    steps, epochs = [r for r in rows if r["kind"] == "step"], [r for r in rows if r["kind"] == "epoch"]
+    assert len(steps) == record["metrics"]["optimizer_steps"] == 3 * 24  # 192 / 8 per epoch
+    assert [e["epoch"] for e in epochs] == [1, 2, 3] and epochs == record["metrics"]["epochs"]
+    for e in epochs:
+        assert e["tokens_per_s"] > e["samples_per_s"] > 0 and e["peak_memory_bytes"] > 0
+        assert 0 <= e["eval_accuracy"] <= 1
+    png = trained / "curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from matplotlib.image import imread
+    assert imread(str(png)).shape[:2] == (360, 1100)
+
+
+def test_rerun_replaces_an_earlier_output_but_not_other_directories(tmp_path):
+    earlier = tmp_path / "ckpt"
+    earlier.mkdir()
+    (earlier / checkpoint.TRAINING_FILE).write_text("{}")
+    checkpoint.check_out(earlier)
+    staged = checkpoint.stage(earlier)
+    (staged / "config.json").write_text("{}")
+    checkpoint.publish(staged, earlier)
+    assert sorted(p.name for p in earlier.iterdir()) == ["config.json"] and not leftovers(tmp_path)
+    other = tmp_path / "src"
+    other.mkdir()
+    (other / "main.py").write_text("")
+    with pytest.raises(InputError, match="not a finetune output"):
+        checkpoint.check_out(other)
+
+
+def test_failure_during_training_leaves_nothing(toy, tmp_path):
+    """Token ids beyond the model's vocabulary fail in the first forward: no --out, no temp dir."""
+    model = tiny_bert(tmp_path / "small-vocab", vocab_size=20)
+    with pytest.raises(IndexError):
+        finetune(spec(toy, model, out=str(tmp_path / "never")))
+    assert not (tmp_path / "never").exists() and not leftovers(tmp_path)
+
+
+# -- data --------------------------------------------------------------------------------------
+
+def test_embedded_topics_split_every_tenth_line():
+    dataset = data.load_dataset(DataSpec())
+    assert dataset.labels == ("business", "health", "sports", "tech") and dataset.source == "embedded:topics"
+    assert 0.09 < len(dataset.eval) / (len(dataset.train) + len(dataset.eval)) < 0.11
+    again = data.load_dataset(DataSpec())
+    assert dataset.eval == again.eval and {e.label for e in dataset.eval} == {0, 1, 2, 3}
+    assert not {e.text for e in dataset.eval} & {e.text for e in dataset.train}
+
+
+def test_csv_with_integer_labels_and_named_fields(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("body,y\n" + "".join(f"text number {i},{i % 3}\n" for i in range(20)))
+    dataset = data.load_dataset(DataSpec(train=path, text_field="body", label_field="y", num_labels=4))
+    assert dataset.labels == ("LABEL_0", "LABEL_1", "LABEL_2", "LABEL_3")
+    assert [e.label for e in dataset.train[:4]] == [0, 1, 2, 0] and len(dataset.eval) == 2
+
+
+def test_length_bucketed_batches_cover_every_example_once_with_little_padding():
+    rng = random.Random(0)
+    lengths = [rng.randint(3, 120) for _ in range(1000)]
+    batches = data.plan_batches(lengths, 16, seed=5)
+    assert sorted(i for b in batches for i in b) == list(range(1000))
+    assert batches != data.plan_batches(lengths, 16, seed=6)
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    assert padded < 1.1 * sum(lengths)  # random batches would pad to ~2x
+    encoded = data.Encoded([{"input_ids": [7] * n} for n in (3, 9)], [0, 1])
+    batch = data.collate(encoded, [0, 1], pad_id=0)
+    assert batch["input_ids"].shape == (2, 16) and batch["attention_mask"].sum(1).tolist() == [3, 9]
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+BAD = {
+    "missing text field": ('{"txt": "a", "label": "x"}\n', "jsonl", [], "no field 'text'"),
+    "missing label column": ("text,category\na,x\nb,y\n", "csv", [], "no column 'label'"),
+    "empty file": ("", "jsonl", [], "has no examples"),
+    "label beyond --num-labels": ('{"text": "a", "label": 0}\n{"text": "b", "label": 5}\n', "jsonl",
+                                  ["--num-labels", "3"], "not one of the 3 labels"),
+    "more names than --num-labels": (('{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n'
+                                      '{"text": "c", "label": "z"}\n'), "jsonl", ["--num-labels", "2"],
+                                     "found 3 labels"),
+    "unknown amp": ('{"text": "a", "label": "x"}\n', "jsonl", ["--amp", "fp8"], "unknown --amp 'fp8'"),
+    "not json": ("{text: a}\n", "jsonl", [], "not valid JSON"),
+    "unsupported format": ("a\tb\n", "tsv", [], "use .jsonl or .csv"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(toy, tmp_path, capsys, case):
+    text, ext, extra, needle = BAD[case]
+    train = tmp_path / f"train.{ext}"
+    train.write_text(text)
+    out = tmp_path / "out"
+    code = main(["finetune", "--model", str(toy / "bert"), "--train", str(train), "--device", "cpu",
+                 "--out", str(out), *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [train.name]
+
+
+def test_eval_label_unseen_in_training_is_refused(toy, tmp_path):
+    write_jsonl(tmp_path / "eval.jsonl", [{"text": "w1", "label": "weather"}])
+    with pytest.raises(InputError, match="eval label 'weather'"):
+        finetune(spec(toy, toy / "bert", data=DataSpec(toy / "train.jsonl", tmp_path / "eval.jsonl")))

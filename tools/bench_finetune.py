@@ -1,0 +1,255 @@
+"""Fine-tuning speed by precision: FP32 (TF32 off), FP32 with TF32, AMP fp16, AMP bf16; two batch
+sizes; the default model (all-MiniLM-L6-v2) and a BERT-base-sized random-init model.
+
+    python tools/bench_finetune.py                      # GPU: table, appended to docs/BENCHMARKS.md
+    python tools/bench_finetune.py --compile --batches 64,256
+    python tools/bench_finetune.py --quick              # CPU smoke check: tiny model, a few steps
+
+Each run is a short `trt_seer.finetune` run (--steps optimizer steps, one epoch) on texts made of
+4 same-topic lines of the embedded corpus (about 100 tokens each), evaluated on held-out lines.
+samples/s is the steady rate after --warmup-steps (compilation and autotuning excluded); peak
+memory is torch.cuda.max_memory_allocated (peak RSS on CPU). AdamW is fused on CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import random
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRECISIONS = {  # name -> (amp mode, TF32 matmuls)
+    "fp32": ("off", False), "tf32": ("off", True), "fp16": ("fp16", False), "bf16": ("bf16", False)}
+BERT_BASE = {}  # transformers.BertConfig() defaults are BERT-base: 768 hidden, 12 layers, 12 heads
+TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    precision: str
+    batch: int
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--quick", action="store_true", help="CPU smoke check: tiny random BERT, 6 steps")
+    p.add_argument("--models", default=None, help="comma list of default, bert-base, tiny "
+                   "(default: default,bert-base; --quick: tiny)")
+    p.add_argument("--precisions", default=None, help="comma list of fp32, tf32, fp16, bf16 "
+                   "(default: all the device supports)")
+    p.add_argument("--batches", default=None, help="micro-batch sizes (default: 64,256; --quick: 4,8)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: 80; --quick: 6)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="steps left out of samples/s (default: 20; --quick: 2)")
+    p.add_argument("--max-seq", type=int, default=128, help="token limit (default: 128)")
+    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default: 1e-4)")
+    p.add_argument("--compile", action="store_true", help="torch.compile every run")
+    p.add_argument("--default-model", metavar="DIR", default=None,
+                   help="checkpoint to use as 'default' (default: the embedded all-MiniLM-L6-v2)")
+    p.add_argument("--append", action=argparse.BooleanOptionalAction, default=None,
+                   help="append the table to docs/BENCHMARKS.md (default: yes, except with --quick)")
+    p.add_argument("--json", metavar="FILE", default=None, help="also write every run's numbers here")
+    args = p.parse_args(argv)
+    q = args.quick
+    args.models = (args.models or ("tiny" if q else "default,bert-base")).split(",")
+    args.batches = [int(b) for b in (args.batches or ("4,8" if q else "64,256")).split(",")]
+    args.steps = args.steps or (6 if q else 80)
+    args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (2 if q else 20)
+    args.append = (not q) if args.append is None else args.append
+    return args
+
+
+def supported_precisions(requested: str | None, cuda: bool) -> list[str]:
+    names = requested.split(",") if requested else list(PRECISIONS)
+    unknown = [n for n in names if n not in PRECISIONS]
+    if unknown:
+        sys.exit(f"bench_finetune: unknown precision {unknown[0]!r}; choose from {', '.join(PRECISIONS)}")
+    if cuda:
+        return names
+    return [n for n in names if n in ("fp32", "bf16")]  # fp16 needs CUDA; TF32 is a GPU mode
+
+
+def tokenizer_dir() -> Path:
+    from trt_seer.families import default_checkpoint
+
+    return default_checkpoint()
+
+
+def random_bert(dest: Path, sizes: dict, tokenizer_from: Path) -> Path:
+    """A random-init BertForSequenceClassification (4 labels) with the default model's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    BertForSequenceClassification(BertConfig(num_labels=4, **sizes)).save_pretrained(str(dest))
+    AutoTokenizer.from_pretrained(str(tokenizer_from)).save_pretrained(str(dest))
+    return dest
+
+
+def model_dirs(names: list[str], work: Path, default_model: str | None) -> dict[str, Path]:
+    default = Path(default_model) if default_model else None
+    tokenizer = default or tokenizer_dir()
+    made = {"default": lambda: default or tokenizer_dir(),
+            "bert-base": lambda: random_bert(work / "bert-base", BERT_BASE, tokenizer),
+            "tiny": lambda: random_bert(work / "tiny", TINY, tokenizer)}
+    unknown = [n for n in names if n not in made]
+    if unknown:
+        sys.exit(f"bench_finetune: unknown model {unknown[0]!r}; choose from {', '.join(made)}")
+    return {n: made[n]() for n in names}
+
+
+def write_data(work: Path, examples_needed: int) -> tuple[Path, Path]:
+    """Train/eval JSONL of 4 same-topic lines joined: long enough for batched matmuls to matter."""
+    from trt_seer.finetune.data import topics_examples
+
+    train, evaluation = topics_examples()
+    paths = []
+    for name, pool, count in (("train", train, examples_needed), ("eval", evaluation, 256)):
+        rng, by_topic = random.Random(name), {}
+        for e in pool:
+            by_topic.setdefault(e.label, []).append(e.text)
+        topics = sorted(by_topic)
+        rows = []
+        for _ in range(count):
+            topic = rng.choice(topics)
+            rows.append({"text": " ".join(rng.choices(by_topic[topic], k=4)), "label": topic})
+        path = work / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def set_tf32(enabled: bool) -> None:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+def run_case(case: Case, model: Path, data: tuple[Path, Path], work: Path, args) -> dict:
+    import torch
+
+    from trt_seer.finetune import AmpSpec, DataSpec, FinetuneSpec, finetune
+    from trt_seer.finetune.monitor import read_metrics
+
+    amp, tf32 = PRECISIONS[case.precision]
+    set_tf32(tf32)
+    out = work / "runs" / f"{case.model}-{case.precision}-{case.batch}"
+    spec = FinetuneSpec(out=out, model=model, data=DataSpec(*data, max_seq=args.max_seq),
+                        amp=AmpSpec(amp), batch=case.batch, epochs=1, max_steps=args.steps, lr=args.lr,
+                        compile=args.compile, device="auto")
+    try:
+        finetune(spec)
+    except torch.cuda.OutOfMemoryError:
+        return {**case.__dict__, "error": "out of memory"}
+    finally:
+        set_tf32(False)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    record = json.loads((out / "training.json").read_text())
+    steps = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "step"]
+    return {**case.__dict__, **steady_rate(steps, args.warmup_steps), **summary(record)}
+
+
+def steady_rate(steps: list[dict], warmup: int) -> dict:
+    """Throughput over the steps after `warmup` (all from one epoch, so elapsed_s is one clock)."""
+    warmup = min(warmup, len(steps) - 2)
+    first, last = steps[warmup], steps[-1]
+    seconds = last["elapsed_s"] - first["elapsed_s"]
+    timed = steps[warmup + 1:]
+    return {"samples_per_s": sum(r["examples"] for r in timed) / seconds,
+            "tokens_per_s": sum(r["tokens"] for r in timed) / seconds,
+            "mean_tokens": sum(r["tokens"] for r in timed) / sum(r["examples"] for r in timed)}
+
+
+def summary(record: dict) -> dict:
+    epoch = record["metrics"]["epochs"][-1]
+    return {"peak_memory_gib": epoch["peak_memory_bytes"] / 2**30, "memory_kind": epoch["peak_memory_kind"],
+            "eval_accuracy": epoch["eval_accuracy"], "train_loss": epoch["train_loss"],
+            "skipped_steps": record["metrics"]["skipped_steps"], "hardware": record["hardware"]}
+
+
+def table(rows: list[dict]) -> str:
+    base = {(r["model"], r["batch"]): r["samples_per_s"] for r in rows
+            if r["precision"] == "fp32" and "error" not in r}
+    lines = ["| model | precision | batch | samples/s | tokens/s | vs fp32 | peak memory GiB | eval acc | skipped |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {r['error']} | | | | | |")
+            continue
+        ref = base.get((r["model"], r["batch"]))
+        speedup = f"{r['samples_per_s'] / ref:.2f}x" if ref else "-"
+        lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {r['samples_per_s']:.1f} | "
+                     f"{r['tokens_per_s']:.0f} | {speedup} | {r['peak_memory_gib']:.2f} | "
+                     f"{r['eval_accuracy']:.3f} | {r['skipped_steps']} |")
+    return "\n".join(lines)
+
+
+def machine(rows: list[dict]) -> str:
+    hw = next((r["hardware"] for r in rows if "hardware" in r), {})
+    gpu = f"{hw['gpu']} (compute capability {hw['compute_capability']}), " if "gpu" in hw else ""
+    cpu = platform.processor() or platform.machine()
+    return (f"{gpu}{cpu}, {os.cpu_count()} cores; {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}, torch {hw.get('torch')}, transformers {hw.get('transformers')}")
+
+
+def append_report(text: str, rows: list[dict], args) -> Path:
+    """Appends a dated block (machine, command, table) to docs/BENCHMARKS.md."""
+    path = ROOT / "docs" / "BENCHMARKS.md"
+    command = " ".join(["python tools/bench_finetune.py", *map(shlex.quote, sys.argv[1:])])
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    timed = [r for r in rows if "mean_tokens" in r]
+    mean_tokens = sum(r["mean_tokens"] for r in timed) / max(1, len(timed))
+    block = (f"\n## Fine-tuning throughput by precision, {when}\n\nMachine: {machine(rows)}.\n\n"
+             f"Command: `{command}`. Each row is one short run: {args.steps} optimizer steps, samples/s "
+             f"over the last {args.steps - args.warmup_steps - 1}; about {mean_tokens:.0f} tokens per example "
+             f"(max {args.max_seq}); fused AdamW on CUDA; torch.compile {'on' if args.compile else 'off'}. "
+             f"Peak memory is torch.cuda.max_memory_allocated (peak RSS on CPU). Eval accuracy is after "
+             f"those few steps: random-init models stay near chance (0.25).\n\n{text}\n")
+    path.parent.mkdir(exist_ok=True)
+    if not path.exists():
+        path.write_text("# Benchmarks\n")
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(block)
+    return path
+
+
+def main(argv=None) -> int:
+    import torch
+
+    args = parse_args(argv)
+    cuda = torch.cuda.is_available()
+    precisions = supported_precisions(args.precisions, cuda)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-finetune-") as tmp:
+        work = Path(tmp)
+        models = model_dirs(args.models, work, args.default_model)
+        data = write_data(work, args.steps * max(args.batches) + max(args.batches))
+        for name, path in models.items():
+            for batch in args.batches:
+                for precision in precisions:
+                    rows.append(run_case(Case(name, precision, batch), path, data, work, args))
+                    print(json.dumps({k: v for k, v in rows[-1].items() if k != "hardware"}), flush=True)
+    text = table(rows)
+    print(f"\n{machine(rows)}\n{text}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.append:
+        print(f"appended to {append_report(text, rows, args)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+    sys.exit(main())

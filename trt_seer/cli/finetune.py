@@ -1,0 +1,97 @@
+"""`trt-seer finetune`: mixed-precision fine-tuning for text classification -> a Hugging Face
+checkpoint directory that `build --model DIR` takes.
+
+With no --model and no --train: all-MiniLM-L6-v2 on the embedded topics corpus (sports, health,
+business, tech). Several GPUs: torchrun --nproc-per-node N -m trt_seer finetune ... [--zero1].
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("trt_seer")
+
+
+def add_parser(subparsers, common):
+    p = subparsers.add_parser("finetune", help="fine-tune a checkpoint for text classification (AMP, DDP, ZeRO-1)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_model_args(p)
+    _data_args(p.add_argument_group("data"), common)
+    _training_args(p.add_argument_group("training"), common)
+    _amp_args(p.add_argument_group("mixed precision"))
+    s = p.add_argument_group("speed and scale")
+    s.add_argument("--compile", action="store_true", help="torch.compile the model")
+    s.add_argument("--zero1", action="store_true",
+                   help="shard optimizer state across torchrun processes (ZeroRedundancyOptimizer)")
+    s.add_argument("--device", default="auto", metavar="{auto,cuda,cpu}",
+                   help="where to train (default: auto, the GPU when CUDA works)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="checkpoint directory to write (default: out/<model>-text-classification/); "
+                        "replaced only when the run succeeds")
+    common.add_verbosity(p)
+    p.set_defaults(handler=run)
+    return p
+
+
+def _data_args(g, common) -> None:
+    g.add_argument("--train", metavar="FILE", default=None,
+                   help=".jsonl or .csv with a text and a label field (default: the embedded topics corpus)")
+    g.add_argument("--eval", metavar="FILE", default=None,
+                   help="evaluation data in the same format (default: every 10th training example)")
+    g.add_argument("--text-field", default="text", help="text field or column (default: text)")
+    g.add_argument("--label-field", default="label",
+                   help="label field or column: strings (names) or integers (ids) (default: label)")
+    g.add_argument("--num-labels", type=common.positive_int, default=None, metavar="N",
+                   help="number of classes (default: from the training labels)")
+    g.add_argument("--max-seq", type=common.positive_int, default=128, metavar="N",
+                   help="truncate texts to N tokens (default: 128)")
+
+
+def _training_args(g, common) -> None:
+    g.add_argument("--batch", type=common.positive_int, default=32, metavar="N",
+                   help="micro-batch per process (default: 32); a step sees batch x accum x processes")
+    g.add_argument("--accum", type=common.positive_int, default=1, metavar="N",
+                   help="micro-batches accumulated per optimizer step (default: 1)")
+    g.add_argument("--epochs", type=common.positive_int, default=3, help="passes over the data (default: 3)")
+    g.add_argument("--max-steps", type=common.positive_int, default=None, metavar="N",
+                   help="stop after N optimizer steps")
+    g.add_argument("--lr", type=float, default=5e-5, help="peak AdamW learning rate (default: 5e-5)")
+    g.add_argument("--clip-norm", type=float, default=1.0, help="gradient norm clip, 0 = off (default: 1.0)")
+    g.add_argument("--seed", type=int, default=0, help="seed for the new head and the data order (default: 0)")
+
+
+def _amp_args(g) -> None:
+    g.add_argument("--amp", default="off", metavar="{fp16,bf16,off}",
+                   help="autocast precision (default: off = FP32). fp16 adds dynamic loss scaling and "
+                        "needs a CUDA GPU; on CPU use bf16. Weights and optimizer state stay FP32")
+    g.add_argument("--init-scale", type=float, default=2.0**16, help="fp16: initial loss scale (default: 65536)")
+    g.add_argument("--growth-interval", type=int, default=2000,
+                   help="fp16: overflow-free steps before the scale doubles (default: 2000)")
+    g.add_argument("--backoff-factor", type=float, default=0.5,
+                   help="fp16: scale multiplier after an overflow, whose step is skipped (default: 0.5)")
+
+
+def spec_from_args(args):
+    from trt_seer.finetune import AmpSpec, DataSpec, FinetuneSpec
+
+    def path(value):
+        return None if value is None else Path(value)
+
+    data = DataSpec(path(args.train), path(args.eval), args.text_field, args.label_field,
+                    args.num_labels, args.max_seq)
+    amp = AmpSpec(args.amp, args.init_scale, args.growth_interval, args.backoff_factor)
+    return FinetuneSpec(out=path(args.out), model=path(args.model), task=args.task or "text-classification",
+                        data=data, amp=amp, batch=args.batch, accum=args.accum, epochs=args.epochs,
+                        lr=args.lr, clip_norm=args.clip_norm, max_steps=args.max_steps, seed=args.seed,
+                        compile=args.compile, zero1=args.zero1, device=args.device)
+
+
+def run(args) -> int:
+    from trt_seer.finetune import finetune
+
+    out = finetune(spec_from_args(args))
+    if os.environ.get("RANK", "0") == "0":  # torchrun: one line, not one per process
+        log.info("fine-tuned checkpoint: %s", out)
+    return 0

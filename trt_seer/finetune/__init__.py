@@ -1,0 +1,99 @@
+"""Mixed-precision fine-tuning: checkpoint + labelled text -> fine-tuned Hugging Face checkpoint
+(the input of `build`).
+
+    python -m trt_seer finetune --amp bf16 --out ckpt/            # default model, embedded corpus
+    torchrun --nproc-per-node 2 -m trt_seer finetune --train t.jsonl --amp fp16 --zero1 --out ckpt/
+
+    from trt_seer.finetune import FinetuneSpec, AmpSpec, DataSpec, finetune
+    finetune(FinetuneSpec(out=Path("ckpt"), amp=AmpSpec("bf16"), data=DataSpec(train=Path("t.jsonl"))))
+
+The output directory holds model.safetensors, config.json (id2label, label2id,
+architectures = *ForSequenceClassification), the tokenizer files, training.json (settings, metrics,
+hardware), metrics.jsonl and curves.png. It appears only when the run succeeded.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from trt_seer.errors import InputError
+from trt_seer.finetune.spec import AMP_MODES, AmpSpec, DataSpec, FinetuneSpec
+
+FINAL = ("train_loss", "eval_loss", "eval_accuracy")  # training.json's metrics.final
+
+__all__ = ["AMP_MODES", "AmpSpec", "DataSpec", "FinetuneSpec", "finetune"]
+
+
+def finetune(spec: FinetuneSpec) -> Path:
+    """Runs `spec` and returns the output checkpoint directory. Under torchrun every rank calls
+    this; rank 0 writes. Raises InputError before writing anything when the inputs are bad."""
+    from trt_seer.finetune import distributed
+
+    spec.check()
+    ctx = distributed.start(spec.device, spec.zero1)
+    try:
+        if spec.amp.mode == "fp16" and not ctx.cuda:
+            raise InputError("--amp fp16 needs a CUDA GPU (dynamic loss scaling runs there); "
+                             "on CPU use --amp bf16, which CPU autocast supports, or --amp off")
+        return _run(spec, ctx)
+    finally:
+        distributed.stop(ctx)
+
+
+def _run(spec: FinetuneSpec, ctx) -> Path:
+    from trt_seer.families import resolve_model
+    from trt_seer.finetune import checkpoint, distributed
+    from trt_seer.finetune.data import encode, load_dataset
+
+    info = resolve_model(spec.model, spec.task)
+    out = Path(spec.out) if spec.out is not None else checkpoint.default_out(info)
+    checkpoint.check_out(out)
+    dataset = load_dataset(spec.data)
+    tokenizer = checkpoint.load_tokenizer(info)
+    max_seq = checkpoint.max_tokens(info, tokenizer, spec.data.max_seq)
+    train, evaluation = encode(dataset.train, tokenizer, max_seq), encode(dataset.eval, tokenizer, max_seq)
+    model = checkpoint.load_model(info, dataset.labels, tokenizer.pad_token_id, spec.seed)
+    staged = checkpoint.stage(out) if ctx.is_main else None
+    try:
+        record = _train(spec, ctx, model, tokenizer, train, evaluation, staged)
+        if staged is not None:
+            record.update(_describe(info, dataset, train, evaluation, max_seq))
+            checkpoint.write_training_json(staged, record)
+            checkpoint.publish(staged, out)
+        distributed.barrier(ctx)  # every rank returns once the output exists
+    finally:
+        if staged is not None and staged.exists():
+            shutil.rmtree(staged)
+    return out
+
+
+def _train(spec, ctx, model, tokenizer, train, evaluation, staged: Path | None) -> dict:
+    """Trains, then (rank 0) saves the checkpoint and the curves into `staged`."""
+    from trt_seer.finetune import checkpoint, distributed, monitor
+    from trt_seer.finetune.train import fit, make_trainer, total_steps
+
+    started = time.perf_counter()
+    tr = make_trainer(model, spec, ctx, total_steps(train, spec, ctx), tokenizer.pad_token_id)
+    epochs = fit(tr, train, evaluation, spec, monitor.Reporter(staged))
+    state_bytes = distributed.gather(ctx, distributed.optimizer_state_bytes(tr.optimizer))
+    if staged is not None:
+        checkpoint.save(tr.module, tokenizer, staged)
+        monitor.plot_curves(staged / monitor.METRICS_FILE, staged / monitor.PLOT_FILE)
+    return {"settings": _settings(spec, ctx), "hardware": checkpoint.hardware(ctx),
+            "metrics": {"epochs": epochs, "final": {k: epochs[-1][k] for k in FINAL} if epochs else None,
+                        "optimizer_steps": tr.step, "skipped_steps": tr.skipped,
+                        "optimizer_state_bytes_per_rank": state_bytes},
+            "seconds": time.perf_counter() - started}
+
+
+def _settings(spec: FinetuneSpec, ctx) -> dict:
+    optimizer = "AdamW" + (" (fused)" if ctx.cuda else "")
+    return {**spec.to_dict(), "processes": ctx.world, "effective_batch": spec.batch * spec.accum * ctx.world,
+            "master_weights": "fp32", "optimizer": f"ZeroRedundancyOptimizer({optimizer})" if spec.zero1 else optimizer}
+
+
+def _describe(info, dataset, train, evaluation, max_seq: int) -> dict:
+    return {"task": info.task, "base_model": {"name": info.name, "path": str(info.path), "model_type": info.model_type},
+            "data": {"source": dataset.source, "train_examples": len(train.labels),
+                     "eval_examples": len(evaluation.labels), "labels": list(dataset.labels), "max_seq": max_seq}}

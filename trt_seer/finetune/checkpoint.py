@@ -1,0 +1,127 @@
+"""Checkpoint in, checkpoint out: load the base model with a fresh classification head and its
+tokenizer; save a standard Hugging Face checkpoint directory (weights, config with id2label /
+label2id, tokenizer) plus training.json, staged beside --out and renamed into place at the end.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from trt_seer import __version__
+from trt_seer.errors import InputError
+from trt_seer.families import ModelInfo
+from trt_seer.files import atomic_write_json
+
+TRAINING_FILE = "training.json"
+
+
+def default_out(info: ModelInfo) -> Path:
+    return Path("out") / f"{info.name}-{info.task}"
+
+
+def check_out(out: Path) -> None:
+    """An existing --out is only replaced when it is empty or an earlier finetune output."""
+    if not out.exists():
+        return
+    if not out.is_dir() or (any(out.iterdir()) and not (out / TRAINING_FILE).is_file()):
+        raise InputError(f"--out {out} exists and is not a finetune output; choose a new directory")
+
+
+def stage(out: Path) -> Path:
+    """A fresh temp directory beside `out` (same file system, so the final rename is atomic)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    except OSError as e:
+        raise InputError(f"cannot write beside --out {out}: {e.strerror}") from e
+    umask = os.umask(0o022)
+    os.umask(umask)
+    staged.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the published checkpoint private
+    return staged
+
+
+def publish(staged: Path, out: Path) -> Path:
+    """Renames the finished `staged` directory to `out`, replacing an earlier output."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(staged, out)
+    if old is not None:
+        shutil.rmtree(old)
+    return out
+
+
+def load_tokenizer(info: ModelInfo):
+    """The checkpoint's tokenizer; decoders without a pad token pad with their EOS token."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(info.path))
+    except (OSError, ValueError) as e:
+        raise InputError(f"no usable tokenizer in {info.path} ({str(e).splitlines()[0]}); "
+                         f"save the tokenizer files with the checkpoint") from e
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise InputError(f"the tokenizer in {info.path} has neither a pad nor an EOS token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def max_tokens(info: ModelInfo, tokenizer, wanted: int) -> int:
+    """`wanted`, capped by what the tokenizer and the position embeddings allow."""
+    limits = [wanted, info.config.get("max_position_embeddings") or wanted, tokenizer.model_max_length]
+    return int(min(v for v in limits if isinstance(v, int) and v > 0))
+
+
+def load_model(info: ModelInfo, labels: tuple[str, ...], pad_id: int, seed: int):
+    """FP32 *ForSequenceClassification for `labels`; the head is new unless its size matches."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)  # the new head's initial weights
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # "newly initialized weights": expected, we train them
+    try:
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            str(info.path), dtype=torch.float32, num_labels=len(labels), ignore_mismatched_sizes=True,
+            id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)})
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = pad_id
+    return model
+
+
+def save(module, tokenizer, dest: Path) -> None:
+    """A standard Hugging Face checkpoint: model.safetensors, config.json, tokenizer files."""
+    module.save_pretrained(str(dest))
+    tokenizer.save_pretrained(str(dest))
+
+
+def hardware(ctx) -> dict:
+    """Where the run happened: device, processor, library versions, float32 matmul precision."""
+    import torch
+    import transformers
+
+    facts = {"device": ctx.device.type, "processes": ctx.world, "machine": platform.machine(),
+             "cpu_count": os.cpu_count(), "platform": platform.platform(),
+             "python": sys.version.split()[0], "torch": torch.__version__,
+             "transformers": transformers.__version__,
+             "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    if ctx.cuda:
+        props = torch.cuda.get_device_properties(ctx.device)
+        facts.update({"gpu": props.name, "compute_capability": f"{props.major}.{props.minor}",
+                      "gpu_memory_bytes": props.total_memory, "cuda": torch.version.cuda})
+    return facts
+
+
+def write_training_json(dest: Path, record: dict) -> Path:
+    record = {"schema": 1, "trt_seer_version": __version__, **record,
+              "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return atomic_write_json(dest / TRAINING_FILE, record)

@@ -1,0 +1,226 @@
+"""Fine-tuning data: .jsonl / .csv files or the embedded topics corpus -> labelled examples ->
+token features -> length-bucketed, dynamically padded batches.
+
+    dataset = load_dataset(DataSpec(train=Path("train.jsonl"), eval=Path("eval.jsonl")))
+    train = encode(dataset.train, dataset.labels, tokenizer, max_seq=128)
+    for indices in plan_batches(train.lengths, 32, seed=0):
+        batch = collate(train, indices, pad_id=tokenizer.pad_token_id)  # dict of (batch, seq) tensors
+
+Labels may be strings (mapped to ids in sorted order) or integers (used as ids).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import random
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from trt_seer.errors import InputError
+from trt_seer.finetune.spec import DataSpec
+
+EVAL_EVERY = 10  # without an eval file, every 10th example is held out
+TOPICS_SOURCE = "embedded:topics"
+BUCKET_POOL = 50  # batches whose examples are sorted by length together
+PAD_MULTIPLE = 8  # pad sequence length to a multiple of 8 (tensor-core friendly, fewer shapes)
+_INT = re.compile(r"-?\d+")
+
+
+@dataclass(frozen=True)
+class Example:
+    text: str
+    label: str | int
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Examples split for training and evaluation, with the label names in id order."""
+
+    train: list[Example]
+    eval: list[Example]
+    labels: tuple[str, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """Tokenised examples: per example a dict of unpadded int lists (no attention mask: collate
+    makes it), and its label id."""
+
+    features: list[dict[str, list[int]]]
+    labels: list[int]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(f["input_ids"]) for f in self.features]
+
+
+def load_dataset(spec: DataSpec) -> Dataset:
+    """Reads and checks the data the spec names; InputError on anything malformed."""
+    if spec.train is None:
+        train, evaluation, source = *topics_examples(), TOPICS_SOURCE
+    else:
+        train = read_examples(Path(spec.train), spec.text_field, spec.label_field)
+        if spec.eval is None:
+            train, evaluation = split(train)
+        else:
+            evaluation = read_examples(Path(spec.eval), spec.text_field, spec.label_field)
+        source = str(spec.train)
+    train, evaluation, labels = assign_labels(train, evaluation, spec.num_labels)
+    return Dataset(train, evaluation, labels, source)
+
+
+def topics_examples() -> tuple[list[Example], list[Example]]:
+    """The embedded corpus: one text per line in data/topics/<label>.txt; every 10th line to eval."""
+    folder = resources.files("trt_seer").joinpath("data", "topics")
+    files = sorted((f for f in folder.iterdir() if f.name.endswith(".txt")), key=lambda f: f.name)
+    if not files:
+        raise InputError("the embedded topics corpus is missing; reinstall trt_seer or pass --train")
+    train, evaluation = [], []
+    for f in files:
+        lines = [line.strip() for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+        examples = [Example(line, f.name.removesuffix(".txt")) for line in lines]
+        part_train, part_eval = split(examples)
+        train += part_train
+        evaluation += part_eval
+    return train, evaluation
+
+
+def split(examples: list[Example]) -> tuple[list[Example], list[Example]]:
+    """Deterministic hold-out: examples 9, 19, 29, ... go to eval."""
+    held = [e for i, e in enumerate(examples) if i % EVAL_EVERY == EVAL_EVERY - 1]
+    kept = [e for i, e in enumerate(examples) if i % EVAL_EVERY != EVAL_EVERY - 1]
+    return kept, held
+
+
+def read_examples(path: Path, text_field: str, label_field: str) -> list[Example]:
+    """Examples from a .jsonl or .csv file with named text and label fields."""
+    if not path.is_file():
+        raise InputError(f"data file not found: {path}")
+    readers = {".jsonl": _jsonl_rows, ".csv": _csv_rows}
+    reader = readers.get(path.suffix.lower())
+    if reader is None:
+        raise InputError(f"unsupported data file {path}: use .jsonl or .csv")
+    examples = [_example(row, where, text_field, label_field)
+                for where, row in reader(path, (text_field, label_field))]
+    if not examples:
+        raise InputError(f"data file {path} has no examples")
+    return examples
+
+
+def _jsonl_rows(path: Path, fields):
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path}:{n}: not valid JSON ({e.msg})") from e
+            if not isinstance(row, dict):
+                raise InputError(f"{path}:{n}: expected a JSON object per line")
+            yield f"{path}:{n}", row
+
+
+def _csv_rows(path: Path, fields):
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [name for name in fields if name not in (reader.fieldnames or [])]
+        if reader.fieldnames and missing:
+            raise InputError(f"{path}: no column {missing[0]!r} in header {reader.fieldnames}; "
+                             f"name the columns with --text-field / --label-field")
+        for n, row in enumerate(reader, 2):
+            yield f"{path}:{n}", row
+
+
+def _example(row: dict, where: str, text_field: str, label_field: str) -> Example:
+    for name, flag in ((text_field, "--text-field"), (label_field, "--label-field")):
+        if row.get(name) is None:
+            raise InputError(f"{where}: no field {name!r} (fields: {', '.join(map(str, row))}); "
+                             f"name it with {flag}")
+    text, label = row[text_field], row[label_field]
+    if not isinstance(text, str) or not text.strip():
+        raise InputError(f"{where}: field {text_field!r} must be a non-empty string")
+    if isinstance(label, bool) or not isinstance(label, (str, int)):
+        raise InputError(f"{where}: label {label!r} must be a string or an integer")
+    if isinstance(label, str) and _INT.fullmatch(label.strip()):
+        label = int(label)  # CSV cells are strings
+    return Example(text, label.strip() if isinstance(label, str) else label)
+
+
+def assign_labels(train: list[Example], evaluation: list[Example], num_labels: int | None):
+    """Maps labels to ids. Returns (train, eval, names) with integer labels."""
+    raw = [e.label for e in train]
+    as_int = all(isinstance(label, int) for label in raw)
+    if as_int:
+        names = tuple(f"LABEL_{i}" for i in range(num_labels or max(raw) + 1))
+    else:
+        names = tuple(sorted({str(label) for label in raw}))
+        if num_labels is not None and len(names) != num_labels:
+            raise InputError(f"found {len(names)} labels {list(names)[:8]} in the training data "
+                             f"but --num-labels is {num_labels}; fix the data or drop --num-labels")
+    if len(names) < 2:
+        raise InputError(f"text classification needs at least 2 labels; the training data has {names}")
+    ids = {(i if as_int else name): i for i, name in enumerate(names)}
+    return _relabel(train, ids, as_int, "training"), _relabel(evaluation, ids, as_int, "eval"), names
+
+
+def _relabel(examples: list[Example], ids: dict, as_int: bool, part: str) -> list[Example]:
+    out = []
+    for e in examples:
+        key = e.label if as_int else str(e.label)
+        if key not in ids:
+            raise InputError(f"{part} label {e.label!r} is not one of the {len(ids)} labels "
+                             f"({'ids 0..' + str(len(ids) - 1) if as_int else 'names seen in training'}); "
+                             f"check the data and --num-labels")
+        out.append(Example(e.text, ids[key]))
+    return out
+
+
+def encode(examples: list[Example], tokenizer, max_seq: int) -> Encoded:
+    """Tokenises without padding; truncates to `max_seq` tokens."""
+    if not examples:
+        return Encoded([], [])
+    tokens = tokenizer([e.text for e in examples], truncation=True, max_length=max_seq)
+    keys = [k for k in tokenizer.model_input_names if k in tokens and k != "attention_mask"]
+    features = [{k: list(tokens[k][i]) for k in keys} for i in range(len(examples))]
+    return Encoded(features, [int(e.label) for e in examples])
+
+
+def plan_batches(lengths: list[int], size: int, seed: int | None = None) -> list[list[int]]:
+    """Index batches of `size` with similar lengths. With a seed: shuffled, sorted by length
+    within pools of BUCKET_POOL batches, and batch order shuffled (fresh seed each epoch).
+    Without: sorted by length (evaluation)."""
+    order = list(range(len(lengths)))
+    if seed is None:
+        order.sort(key=lambda i: lengths[i])
+        return [order[i:i + size] for i in range(0, len(order), size)]
+    rng = random.Random(seed)
+    rng.shuffle(order)
+    pool = size * BUCKET_POOL
+    batches = []
+    for start in range(0, len(order), pool):
+        chunk = sorted(order[start:start + pool], key=lambda i: lengths[i])
+        batches += [chunk[i:i + size] for i in range(0, len(chunk), size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(data: Encoded, indices: list[int], pad_id: int) -> dict:
+    """Right-pads the chosen examples to the longest (rounded up to PAD_MULTIPLE).
+    Returns int64 tensors, each (batch, seq), plus `labels` (batch,)."""
+    import numpy as np
+    import torch
+
+    lengths = [len(data.features[i]["input_ids"]) for i in indices]
+    seq = -(-max(lengths) // PAD_MULTIPLE) * PAD_MULTIPLE
+    batch = {"attention_mask": np.arange(seq)[None, :] < np.array(lengths)[:, None]}
+    for key in data.features[indices[0]]:
+        rows = np.full((len(indices), seq), pad_id if key == "input_ids" else 0, dtype=np.int64)
+        for r, i in enumerate(indices):
+            rows[r, :lengths[r]] = data.features[i][key]
+        batch[key] = rows
+    batch["labels"] = np.array([data.labels[i] for i in indices], dtype=np.int64)
+    return {k: torch.from_numpy(v.astype(np.int64)) for k, v in batch.items()}

@@ -1,0 +1,97 @@
+"""What a fine-tuning run is asked to do: plain frozen dataclasses, checked before anything heavy
+is imported or anything is written."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from trt_seer.errors import InputError, UnsupportedError
+
+AMP_MODES = ("fp16", "bf16", "off")
+TASKS = ("text-classification",)
+DEVICES = ("auto", "cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class AmpSpec:
+    """Mixed precision. fp16 uses dynamic loss scaling (CUDA only); bf16 needs no scaler."""
+
+    mode: str = "off"  # "fp16" | "bf16" | "off"
+    init_scale: float = 2.0**16
+    growth_interval: int = 2000  # clean steps before the loss scale doubles
+    backoff_factor: float = 0.5  # scale multiplier after a step with inf/nan gradients
+
+    def check(self) -> None:
+        if self.mode not in AMP_MODES:
+            raise InputError(f"unknown --amp {self.mode!r}; choose fp16, bf16 or off")
+        if not self.init_scale > 0 or self.growth_interval < 1 or not 0 < self.backoff_factor < 1:
+            raise InputError("loss scaling needs --init-scale > 0, --growth-interval >= 1 "
+                             "and 0 < --backoff-factor < 1")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Training data. No `train`: the embedded topics corpus. No `eval`: every 10th training
+    example is held out for evaluation."""
+
+    train: Path | None = None
+    eval: Path | None = None
+    text_field: str = "text"
+    label_field: str = "label"
+    num_labels: int | None = None  # default: from the labels found
+    max_seq: int = 128
+
+    def check(self) -> None:
+        if self.eval is not None and self.train is None:
+            raise InputError("--eval needs --train (without --train the embedded corpus is used)")
+        if self.max_seq < 2:
+            raise InputError(f"--max-seq must be >= 2, got {self.max_seq}")
+        if self.num_labels is not None and self.num_labels < 2:
+            raise InputError(f"--num-labels must be >= 2, got {self.num_labels}")
+
+
+@dataclass(frozen=True)
+class FinetuneSpec:
+    """One run. `batch` is each process's micro-batch: an optimizer step sees
+    batch x accum x processes examples."""
+
+    out: Path | None = None  # default: out/<model name>-text-classification
+    model: Path | None = None  # default: the embedded all-MiniLM-L6-v2
+    task: str = "text-classification"
+    data: DataSpec = DataSpec()
+    amp: AmpSpec = AmpSpec()
+    batch: int = 32
+    accum: int = 1
+    epochs: int = 3
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    warmup: float = 0.1  # fraction of optimizer steps with a linearly rising learning rate
+    clip_norm: float = 1.0  # 0 disables clipping
+    max_steps: int | None = None  # stop after this many optimizer steps
+    seed: int = 0
+    compile: bool = False
+    zero1: bool = False
+    device: str = "auto"  # "auto" | "cuda" | "cpu"
+
+    def check(self) -> None:
+        """Raises InputError for anything wrong that needs no file or library to find out."""
+        if self.task not in TASKS:
+            raise UnsupportedError(f"finetune supports --task {', '.join(TASKS)}, not {self.task!r}")
+        if self.device not in DEVICES:
+            raise InputError(f"unknown --device {self.device!r}; choose auto, cuda or cpu")
+        for name in ("batch", "accum", "epochs"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise InputError(f"--max-steps must be >= 1, got {self.max_steps}")
+        if not self.lr > 0 or self.clip_norm < 0 or not 0 <= self.warmup < 1:
+            raise InputError("--lr must be > 0, --clip-norm >= 0 and warmup in [0, 1)")
+        self.amp.check()
+        self.data.check()
+
+    def to_dict(self) -> dict:
+        """JSON-ready settings (paths as strings)."""
+        def plain(v):
+            return str(v) if isinstance(v, Path) else v
+        return dataclasses.asdict(self, dict_factory=lambda items: {k: plain(v) for k, v in items})

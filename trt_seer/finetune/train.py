@@ -1,0 +1,281 @@
+"""The training loop: AMP (autocast + dynamic loss scaling for fp16), gradient accumulation with
+DDP `no_sync`, gradient clipping after unscaling, evaluation and per-epoch metrics.
+
+Weights and optimizer state stay FP32 ("master weights"); autocast runs matmuls in fp16/bf16.
+A step's loss is the sum of per-example losses divided by the examples in the whole optimizer
+step (all micro-batches, all ranks), so accumulated gradients equal one large batch's even when
+the last micro-batch is short. The host never waits for the step it just queued: a step's loss,
+gradient norm and loss scale are read once the next step is queued, and a non-finite gradient
+norm is how an fp16 overflow (a step the scaler skipped) is detected.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from dataclasses import dataclass
+
+from trt_seer.finetune import distributed
+from trt_seer.finetune.data import Encoded, collate, plan_batches
+from trt_seer.finetune.distributed import Context
+from trt_seer.finetune.monitor import Reporter, peak_memory, reset_peak_memory
+from trt_seer.finetune.spec import AmpSpec, FinetuneSpec
+
+AMP_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass
+class Trainer:
+    """Everything a step touches. Mutable: the counters change every step."""
+
+    ctx: Context
+    amp: str
+    module: object  # the bare Hugging Face model (saved at the end)
+    forward: object  # what training calls: module, DDP(module) or torch.compile of either
+    ddp: object | None
+    optimizer: object
+    scheduler: object
+    scaler: object
+    pad_id: int
+    clip_norm: float = 1.0
+    max_steps: int | None = None
+    one: object = None  # a device scalar 1.0: scaler.scale(one) reads the loss scale without waiting
+    step: int = 0
+    skipped: int = 0
+
+
+def autocast(ctx: Context, amp: str):
+    """torch.autocast for the run's device; a no-op context for amp 'off'."""
+    import torch
+
+    if amp == "off":
+        return contextlib.nullcontext()
+    return torch.autocast(ctx.device.type, dtype=getattr(torch, AMP_DTYPES[amp]))
+
+
+def make_scaler(amp: AmpSpec, ctx: Context):
+    """Dynamic loss scaling for fp16; disabled (a pass-through) for bf16 and fp32."""
+    import torch
+
+    return torch.amp.GradScaler(ctx.device.type, init_scale=amp.init_scale, backoff_factor=amp.backoff_factor,
+                                growth_interval=amp.growth_interval, enabled=amp.mode == "fp16")
+
+
+def make_scheduler(optimizer, total_steps: int, warmup: float):
+    """Linear warm-up over `warmup` of the steps, then linear decay to zero."""
+    import torch
+
+    ramp = max(1, round(total_steps * warmup))
+
+    def factor(step: int) -> float:
+        if step < ramp:
+            return (step + 1) / ramp
+        return max(0.0, (total_steps - step) / max(1, total_steps - ramp))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def param_groups(module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only (not on biases and LayerNorm weights)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+def make_trainer(module, spec: FinetuneSpec, ctx: Context, total_steps: int, pad_id: int) -> Trainer:
+    """Moves `module` to the device and wraps it (DDP, torch.compile) with optimizer and scaler."""
+    import torch
+
+    module = module.to(ctx.device).train()
+    ddp = distributed.wrap_ddp(module, ctx) if ctx.distributed else None
+    forward = ddp or module
+    if spec.compile:
+        forward = torch.compile(forward)
+    optimizer = distributed.make_optimizer(param_groups(module, spec.weight_decay), ctx, spec.zero1,
+                                           lr=spec.lr, betas=(0.9, 0.999), eps=1e-8)
+    scheduler = make_scheduler(optimizer, total_steps, spec.warmup)
+    return Trainer(ctx, spec.amp.mode, module, forward, ddp, optimizer, scheduler, make_scaler(spec.amp, ctx),
+                   pad_id, spec.clip_norm, spec.max_steps, torch.ones((), device=ctx.device))
+
+
+def backward(tr: Trainer, micro_batches: list[dict], step_examples: int):
+    """Forward + backward over one optimizer step's micro-batches on this rank; gradients are
+    all-reduced only on the last one. Returns (this rank's summed loss / step_examples, its
+    non-padding tokens) as 0-dim device tensors: reading them would make the host wait."""
+    import torch
+
+    total, tokens = torch.zeros((), device=tr.ctx.device), torch.zeros((), device=tr.ctx.device)
+    for i, batch in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        sync = contextlib.nullcontext() if last or tr.ddp is None else tr.ddp.no_sync()
+        batch = to_device(batch, tr.ctx)
+        labels = batch.pop("labels")
+        with sync:
+            with autocast(tr.ctx, tr.amp):
+                logits = tr.forward(**batch).logits  # (batch, num_labels)
+                loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+            # DDP averages gradients over ranks: multiply back so the result is a sum / step_examples
+            loss = loss * (tr.ctx.world / step_examples)
+            tr.scaler.scale(loss).backward()
+        total += loss.detach()
+        tokens += batch["attention_mask"].sum()
+    return total / tr.ctx.world, tokens
+
+
+def to_device(batch: dict, ctx: Context) -> dict:
+    """Host tensors to the device; through pinned memory on CUDA so the copy does not block."""
+    if not ctx.cuda:
+        return batch
+    return {k: v.pin_memory().to(ctx.device, non_blocking=True) for k, v in batch.items()}
+
+
+def optimizer_step(tr: Trainer):
+    """Unscale, clip, step, update the loss scale, advance the schedule. Returns the gradient
+    norm before clipping as a device tensor: not finite means fp16 overflowed and the scaler
+    skipped the update. The schedule advances on skipped steps too, so nothing waits for the GPU."""
+    import torch
+
+    tr.scaler.unscale_(tr.optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(tr.module.parameters(), tr.clip_norm or float("inf"))
+    tr.scaler.step(tr.optimizer)
+    tr.scaler.update()
+    tr.optimizer.zero_grad(set_to_none=True)
+    tr.step += 1
+    with warnings.catch_warnings():  # a skipped first update makes LambdaLR warn about the call order
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+        tr.scheduler.step()
+    return norm
+
+
+def loss_scale(tr: Trainer) -> float | None:
+    return tr.scaler.get_scale() if tr.scaler.is_enabled() else None
+
+
+def epoch_plan(data: Encoded, spec: FinetuneSpec, ctx: Context, epoch: int) -> list[list[list[int]]]:
+    """This epoch's optimizer steps, each a list of up to `accum` global micro-batches of
+    batch x world example indices; rank r takes every world-th example of each."""
+    size = spec.batch * ctx.world
+    batches = [b for b in plan_batches(data.lengths, size, seed=spec.seed + epoch) if len(b) >= ctx.world]
+    return [batches[i:i + spec.accum] for i in range(0, len(batches), spec.accum)]
+
+
+def total_steps(data: Encoded, spec: FinetuneSpec, ctx: Context) -> int:
+    steps = spec.epochs * len(epoch_plan(data, spec, ctx, 0))
+    return min(steps, spec.max_steps or steps)
+
+
+@dataclass
+class Epoch:
+    """Running totals of one epoch, over all ranks."""
+
+    epoch: int
+    start: float
+    loss_x_examples: float = 0.0
+    examples: int = 0
+    tokens: int = 0
+
+
+def train_epoch(tr: Trainer, data: Encoded, plan: list, epoch: int, reporter: Reporter) -> dict:
+    """One pass over `plan`; returns the epoch's training numbers (over all ranks). Each step's
+    numbers are read one step late, once the next step is queued, so the GPU never idles."""
+    import torch
+
+    reset_peak_memory(tr.ctx.device)
+    run, first_step, skipped, pending = Epoch(epoch, time.perf_counter()), tr.step, tr.skipped, None
+    with reporter.bar(len(plan), f"epoch {epoch}") as bar:
+        for step_batches in plan:
+            if tr.max_steps is not None and tr.step >= tr.max_steps:
+                break
+            n, lr = sum(len(b) for b in step_batches), tr.scheduler.get_last_lr()[0]
+            micro = [collate(data, b[tr.ctx.rank::tr.ctx.world], tr.pad_id) for b in step_batches]
+            loss, tokens = backward(tr, micro, n)
+            norm = optimizer_step(tr)
+            # (loss, tokens) summed over ranks, grad norm, loss scale after the update: (4,)
+            stats = [*distributed.sum_tensor(tr.ctx, torch.stack([loss, tokens])), norm, tr.scaler.scale(tr.one)]
+            queued = (tr.step, n, lr, torch.stack(stats))
+            if pending is not None:
+                _finish_step(tr, reporter, run, *pending, bar)
+            pending = queued
+        if pending is not None:
+            _finish_step(tr, reporter, run, *pending, bar)
+    _synchronize(tr.ctx)
+    seconds = time.perf_counter() - run.start
+    return {"steps": tr.step - first_step, "skipped_steps": tr.skipped - skipped,
+            "train_loss": run.loss_x_examples / max(run.examples, 1), "samples_per_s": run.examples / seconds,
+            "tokens_per_s": run.tokens / seconds, "seconds": seconds, **peak_memory(tr.ctx.device)}
+
+
+def _finish_step(tr: Trainer, reporter: Reporter, run: Epoch, step: int, examples: int, lr: float, stats,
+                 bar) -> None:
+    """Reads a queued step's numbers (waits for that step only), logs and records them."""
+    loss, tokens, norm, scale = stats.tolist()
+    skipped = tr.scaler.is_enabled() and not math.isfinite(norm)
+    tr.skipped += skipped
+    run.loss_x_examples, run.examples, run.tokens = (run.loss_x_examples + loss * examples,
+                                                     run.examples + examples, run.tokens + int(tokens))
+    scale = scale if tr.scaler.is_enabled() else None
+    if skipped:
+        reporter.info(f"step {step}: fp16 gradients overflowed (inf/nan); update skipped, "
+                      f"loss scale lowered to {scale:g}")
+    reporter.record({"kind": "step", "step": step, "epoch": run.epoch, "loss": loss, "examples": examples,
+                     "tokens": int(tokens), "elapsed_s": time.perf_counter() - run.start,
+                     "grad_norm": norm if math.isfinite(norm) else None,
+                     "lr": lr, "loss_scale": scale, "skipped": skipped})
+    bar.update(1)
+    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+
+
+def _synchronize(ctx: Context) -> None:
+    import torch
+
+    if ctx.cuda:
+        torch.cuda.synchronize(ctx.device)
+
+
+def evaluate(tr: Trainer, data: Encoded, batch: int) -> tuple[float | None, float | None]:
+    """Mean cross-entropy and accuracy over `data`, sharded over ranks. (None, None) if empty."""
+    import torch
+
+    if not data.labels:
+        return None, None
+    loss, correct = 0.0, 0
+    shard = plan_batches(data.lengths, batch)[tr.ctx.rank::tr.ctx.world]
+    tr.module.eval()
+    with torch.no_grad():
+        for indices in shard:
+            inputs = to_device(collate(data, indices, tr.pad_id), tr.ctx)
+            labels = inputs.pop("labels")
+            with autocast(tr.ctx, tr.amp):
+                logits = tr.module(**inputs).logits.float()  # (batch, num_labels)
+            loss += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
+            correct += int((logits.argmax(-1) == labels).sum())
+    tr.module.train()
+    loss, correct, n = distributed.all_sum(tr.ctx, [loss, correct, len(data.labels) if tr.ctx.is_main else 0])
+    return loss / n, correct / n
+
+
+def fit(tr: Trainer, train: Encoded, evaluation: Encoded, spec: FinetuneSpec, reporter: Reporter) -> list[dict]:
+    """Trains for spec.epochs (or until spec.max_steps); returns one metrics dict per epoch."""
+    epochs = []
+    for epoch in range(1, spec.epochs + 1):
+        if tr.max_steps is not None and tr.step >= tr.max_steps:
+            break
+        row = train_epoch(tr, train, epoch_plan(train, spec, tr.ctx, epoch - 1), epoch, reporter)
+        eval_loss, accuracy = evaluate(tr, evaluation, spec.batch)
+        row = {"kind": "epoch", "epoch": epoch, "step_end": tr.step, **row, "eval_loss": eval_loss,
+               "eval_accuracy": accuracy, "loss_scale": loss_scale(tr)}
+        reporter.record(row)
+        reporter.info(_epoch_line(row))
+        epochs.append(row)
+    return epochs
+
+
+def _epoch_line(row: dict) -> str:
+    evaluated = ("" if row["eval_loss"] is None else
+                 f", eval loss {row['eval_loss']:.4f}, accuracy {row['eval_accuracy']:.3f}")
+    scale = "" if row["loss_scale"] is None else f", loss scale {row['loss_scale']:g}"
+    return (f"epoch {row['epoch']}: train loss {row['train_loss']:.4f}{evaluated}, "
+            f"{row['samples_per_s']:.1f} samples/s, {row['tokens_per_s']:.0f} tokens/s, "
+            f"peak memory {row['peak_memory_bytes'] / 2**20:.0f} MiB{scale}, "
+            f"{row['skipped_steps']} skipped steps")
