@@ -126,12 +126,24 @@ def _write_cache(path: Path, amax: dict[str, float]) -> None:
     calibrate.write_cache(path, calibrate.scales_from_ranges(amax), tag)
 
 
-def _quantized(fp16_path: Path, dest: Path, amax_by_input: dict, exclude: frozenset, task: str, attention: bool) -> int:
+def resolve_mode(args) -> str:
+    """`--int8-mode auto`: weight-only under TensorRT-RTX (the only INT8 GEMM it runs; W8A8 engines
+    gave NaN there, docs/BENCHMARKS.md), W8A8 under full TensorRT."""
+    from trt_seer import trt
+
+    mode = getattr(args, "int8_mode", "auto")
+    if mode != "auto":
+        return mode
+    return "weight-only" if trt.available() and trt.load().is_rtx else "w8a8"
+
+
+def _quantized(fp16_path: Path, dest: Path, amax_by_input: dict, exclude: frozenset, task: str, attention: bool,
+               weight_only: bool = False) -> int:
     """Writes the Q/DQ graph with `exclude` kept in FP16; returns how many GEMMs are INT8."""
     from trt_seer import quantize
 
     model = onnxio.load(fp16_path)
-    targets = quantize.find_targets(model, quantize.QuantSpec(attention, exclude), task)
+    targets = quantize.find_targets(model, quantize.QuantSpec(attention, exclude, weight_only), task)
     quantize.qdq_model(model, amax_by_input, targets)
     onnxio.save(model, dest)
     return len(targets)
@@ -163,7 +175,7 @@ def _key(fp32: dict, fp16: dict, args, gate: Gate) -> str:
         "fp32": fp32["sha256"], "fp16": fp16["sha256"], "data": data_fingerprint(args),
         "samples": args.calib_samples, "batch": args.calib_batch, "method": args.calib_method,
         "profile": [list(args.batch), list(args.seq)], "attention": args.int8_attention,
-        "smooth": args.smooth_alpha,
+        "smooth": args.smooth_alpha, "mode": resolve_mode(args),
         "gate": [gate.min_cosine, gate.min_cosine_each, gate.min_top1],
         "seed": sha256_file(Path(seed)) if seed and Path(seed).is_file() else seed, "trt_seer": __version__,
     })
@@ -175,7 +187,8 @@ def _fallback(ctx: dict, order: list[str], rows: list) -> tuple[frozenset, dict,
     while True:
         k = min(k, len(order))
         excluded = frozenset(order[:k])
-        _quantized(ctx["fp16"], ctx["dest"], ctx["amax"], excluded, ctx["info"].task, ctx["attention"])
+        _quantized(ctx["fp16"], ctx["dest"], ctx["amax"], excluded, ctx["info"].task, ctx["attention"],
+                   ctx["weight_only"])
         metrics = ctx["evaluate"]()
         fails = ctx["gate"].check(ctx["info"].task, metrics)
         rows.append((f"{k} most sensitive", metrics, fails))
@@ -221,16 +234,19 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
     targets = quantize.find_targets(onnxio.load(art.path("fp16.onnx"), False),
                                     quantize.QuantSpec(args.int8_attention), info.task)
     nodes = [t.node for t in targets]
+    mode = resolve_mode(args)
     src32, base16 = fp32_path, art.path("fp16.onnx")
-    if args.smooth_alpha > 0:
+    if args.smooth_alpha > 0 and mode == "w8a8":  # smoothing only helps activation quantization
         src32, base16 = _smoothed(fp32_path, nodes, cd, args.smooth_alpha, work)
     tensors = quantize.activation_tensors(onnxio.load(src32, False), targets)
     amax_t = _ranges(src32, tensors, cd, args)
     _write_cache(cache_path(info, args), amax_t)
     ctx = {"info": info, "fp16": base16, "dest": dest, "gate": gate, "attention": args.int8_attention,
+           "weight_only": mode == "weight-only",
            "amax": {k: amax_t[t] for k, t in tensors.items()},
            "evaluate": lambda: evaluate.compare_onnx(info, fp32_path, dest, cd.heldout)}
-    _quantized(base16, dest, ctx["amax"], frozenset(), info.task, args.int8_attention)
+    log.info("writing the %s Q/DQ graph ...", mode)
+    _quantized(base16, dest, ctx["amax"], frozenset(), info.task, args.int8_attention, ctx["weight_only"])
     metrics = ctx["evaluate"]()
     fails = gate.check(info.task, metrics)
     rows, excluded = [("none", metrics, fails)], frozenset()
@@ -249,8 +265,8 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
         "calibration": {"method": args.calib_method, "batches": len(cd.calib), "data": args.calib or "calib/default.txt",
                         "cache": str(cache_path(info, args)), "seeded_from": getattr(args, "from_cache", None),
                         "smooth_alpha": args.smooth_alpha},
-        "quantization": {"int8_gemms": len(targets) - len(excluded), "fp16_gemms": sorted(excluded),
-                         "attention": args.int8_attention},
+        "quantization": {"mode": mode, "int8_gemms": len(targets) - len(excluded), "fp16_gemms": sorted(excluded),
+                         "attention": args.int8_attention and mode == "w8a8"},
         "accuracy": {"onnx_vs_fp32": metrics, "gate": {"passed": True, "thresholds": gate.__dict__,
                                                         "table": [[r[0], r[1], not r[2]] for r in rows]}}}
 

@@ -5,7 +5,8 @@ both inputs of MatMul/Gemm nodes with a constant weight. Activations: symmetric 
 (zero point 0) from calibrated amax. Weights: symmetric per-output-channel INT8 stored as int8
 initializers with a DequantizeLinear. Everything else (LayerNorm, Softmax, GELU, residual Add,
 embedding Gather, the output head) keeps the FP16 graph's types. Attention batched matmuls
-(activation x activation) are quantized only with `QuantSpec.attention`.
+(activation x activation) are quantized only with `QuantSpec.attention`. `QuantSpec.weight_only`
+leaves activations in FP16: TensorRT-RTX runs INT8 only as weight-only GEMMs.
 """
 from __future__ import annotations
 
@@ -20,10 +21,14 @@ QDQ_OPSET = 19  # Quantize/DequantizeLinear with float16 scales
 GEMM_OPS = ("MatMul", "Gemm")
 
 
+MODES = ("w8a8", "weight-only")
+
+
 @dataclass(frozen=True)
 class QuantSpec:
     attention: bool = False
     exclude: frozenset = field(default_factory=frozenset)  # node names kept out of INT8
+    weight_only: bool = False  # INT8 weights, activations stay FP16 (TensorRT-RTX's INT8 GEMM)
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,8 @@ def find_targets(model, spec: QuantSpec, task: str) -> list[Target]:
         const = [i for i in (0, 1) if n.input[i] in inits and len(inits[n.input[i]].dims) == 2]
         if const:
             w = const[0]
-            targets.append(Target(n.name, (1 - w,), w, _weight_axis(n, w)))
-        elif spec.attention:
+            targets.append(Target(n.name, () if spec.weight_only else (1 - w,), w, _weight_axis(n, w)))
+        elif spec.attention and not spec.weight_only:
             targets.append(Target(n.name, (0, 1), None, None))
     return targets
 

@@ -30,6 +30,9 @@ def add_parser(subparsers, common):
     a.add_argument("--min-cosine-each", type=float, default=0.97,
                    help="min embedding cosine of the worst held-out sample (default 0.97)")
     a.add_argument("--min-top1", type=float, default=0.99, help="min top-1 agreement (default 0.99)")
+    a.add_argument("--int8-mode", choices=("auto", "w8a8", "weight-only"), default="auto",
+                   help="INT8 weights and activations (w8a8) or weights only; auto: weight-only under "
+                        "TensorRT-RTX (its only INT8 GEMM), w8a8 under full TensorRT")
     a.add_argument("--int8-attention", action="store_true",
                    help="also quantize attention batched matmuls (faster, less accurate)")
     a.add_argument("--smooth-alpha", type=float, default=0.5,
@@ -77,7 +80,25 @@ def run(args) -> int:
         onnx_record = _onnx_for(spec.precision, info, art, fp32, args)
         manifest_data, rebuilt = pipeline.engine(onnx_record, art, spec, args.force)
         _report(art, spec.precision, manifest_data, rebuilt)
+    if "int8" in precisions(args):
+        _int8_benefit(art)
     return 0
+
+
+def _int8_benefit(art) -> None:
+    """Says plainly when INT8 does not pay off against FP16 (sizes, and latency once `bench` ran)."""
+    from trt_seer import manifest
+    from trt_seer.bench import int8_benefit_warning
+
+    int8 = manifest.read_engine_manifest(manifest.engine_manifest_path(art.path("int8.engine")))
+    fp16_path = manifest.engine_manifest_path(art.path("fp16.engine"))
+    if int8.get("tensorrt", {}).get("flavor") == "tensorrt_rtx":
+        log.warning("warning: TensorRT-RTX runs INT8 only as weight-only GEMMs; measured on an H200 the "
+                    "INT8 engine was slower than FP16 (docs/BENCHMARKS.md). Use INT8 for size, FP16 for speed.")
+    if fp16_path.is_file():
+        warning = int8_benefit_warning(int8, manifest.read_engine_manifest(fp16_path))
+        if warning:
+            log.warning("warning: %s", warning)
 
 
 def _onnx_for(precision: str, info, art, fp32: dict, args) -> dict:
