@@ -158,6 +158,23 @@ def _gate_table(rows: list[tuple[str, dict, list[str]]]) -> str:
     return "\n".join(lines)
 
 
+def check_args(args) -> None:
+    """Fails fast (before any export) on unusable calibration data or a malformed seed cache."""
+    from trt_seer import calibrate
+
+    src = Path(args.calib) if args.calib is not None else None
+    if src is not None and src.is_dir():
+        _npz_batches(src)
+    elif src is not None:
+        texts = data.load_texts(src, args.text_field)
+        usable = len(texts) - len(texts) // HELDOUT_EVERY
+        if min(usable, args.calib_samples) < args.calib_batch:
+            raise InputError(f"{src} has {usable} calibration samples (after the held-out split), fewer than "
+                             f"one batch ({args.calib_batch}); pass more data or a smaller --calib-batch")
+    if getattr(args, "from_cache", None):
+        calibrate.read_cache(Path(args.from_cache))
+
+
 def data_fingerprint(args) -> str:
     if args.calib is None:
         return sha256_json([sha256_file(data.default_corpus(s)) for s in ("default", "heldout")])

@@ -70,6 +70,10 @@ def run(args) -> int:
 
     info = resolve_model(args.model, args.task)
     specs = [build_spec(args, p) for p in precisions(args)]  # validates targets before slow work
+    if "int8" in precisions(args):
+        from trt_seer import int8
+
+        int8.check_args(args)
     out = ensure_out_dir(args.out)
     flavor = trt.load()
     for spec in specs:

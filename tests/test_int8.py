@@ -1,0 +1,134 @@
+"""`build --int8` end to end: calibration data, the accuracy gate, the fallback, bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tiny import make_tiny_checkpoint
+from trt_seer import calibrate, manifest, trt
+
+needs_trt = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
+
+
+def build(*args, cwd=None, expect=0):
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", *args], capture_output=True, text=True,
+                       timeout=1200, cwd=cwd, env={**os.environ, "TQDM_DISABLE": "1"})
+    assert r.returncode == expect, r.stderr[-3000:]
+    return r
+
+
+def npz_batches(folder, n=10, batch=4, seq=12, seed=0):
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        ids = rng.integers(5, 120, size=(batch, seq), dtype=np.int64)
+        mask = np.ones_like(ids)
+        mask[0, seq // 2:] = 0
+        np.savez(folder / f"b{i:03d}.npz", input_ids=ids, attention_mask=mask, token_type_ids=np.zeros_like(ids))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("int8")
+    # large initial weights give the activation outliers that make INT8 lossy, as in real checkpoints
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", d / "ckpt", initializer_range=1.0)
+    return ckpt, npz_batches(d / "calib"), d
+
+
+TINY_PROFILE = ("--batch", "1,4,4", "--seq", "8,12,16")
+
+
+@needs_trt
+def test_fallback_keeps_sensitive_layers_in_fp16(tiny, tmp_path):
+    ckpt, calib, _ = tiny
+    r = build("--model", str(ckpt), "--int8", "--int8-mode", "w8a8", "--calib", str(calib), *TINY_PROFILE,
+              "--min-cosine", "0.9995", "--min-cosine-each", "0.999", "--out", str(tmp_path / "out"),
+              "--calib-cache", str(tmp_path / "c.cache"))
+    assert "measuring per-layer sensitivity" in r.stderr and "most sensitive" in r.stderr
+    rec = json.loads((tmp_path / "out" / "ckpt.int8.onnx.json").read_text())
+    assert rec["quantization"]["mode"] == "w8a8" and rec["quantization"]["fp16_gemms"]
+    assert len(rec["accuracy"]["gate"]["table"]) >= 2 and rec["accuracy"]["gate"]["table"][-1][2] is True
+    assert rec["accuracy"]["onnx_vs_fp32"]["mean_cosine"] >= 0.9995
+    assert rec["accuracy"]["gate"]["table"][0][2] is False  # all-INT8 missed the gate first
+    m = manifest.read_engine_manifest(tmp_path / "out" / "ckpt.int8.manifest.json")
+    assert m["precision"] == "int8" and (tmp_path / "out" / m["engine"]["file"]).is_file()
+    scales = calibrate.read_cache(tmp_path / "c.cache")
+    assert scales and all(v > 0 for v in scales.values())
+    assert (tmp_path / "c.cache").read_text().startswith("TRT-")
+
+
+@needs_trt
+def test_impossible_gate_exits_1_with_a_table(tiny, tmp_path):
+    ckpt, calib, _ = tiny
+    r = build("--model", str(ckpt), "--int8", "--calib", str(calib), *TINY_PROFILE, "--min-cosine", "1.5",
+              "--out", str(tmp_path), "--calib-cache", str(tmp_path / "c.cache"), expect=1)
+    assert "cannot pass the accuracy gate" in r.stderr and "mean_cosine" in r.stderr
+    assert not (tmp_path / "ckpt.int8.onnx").exists() and not (tmp_path / "ckpt.int8.engine").exists()
+
+
+@needs_trt
+def test_seed_cache_for_other_tensors_is_refused(tiny, tmp_path):
+    ckpt, calib, _ = tiny
+    cache = tmp_path / "other.cache"
+    calibrate.write_cache(cache, {"some_other_tensor": 0.1}, "100100")
+    r = build("--model", str(ckpt), "--int8", "--calib", str(calib), *TINY_PROFILE, "--from-cache", str(cache),
+              "--out", str(tmp_path / "out"), expect=2)
+    last = r.stderr.strip().splitlines()[-1]  # progress lines of the finished stages come first
+    assert last.startswith("trt-seer: error:") and "is for other tensors" in last and "Traceback" not in r.stderr
+    assert not (tmp_path / "out" / "ckpt.int8.onnx").exists()
+
+
+def bad(tmp_path, calib_args, needle):
+    r = build("--int8", *calib_args, "--out", str(tmp_path / "out"), cwd=tmp_path, expect=2)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "calib").exists()
+
+
+def test_missing_calibration_data(tmp_path):
+    bad(tmp_path, ["--calib", str(tmp_path / "nope.txt")], "calibration data not found")
+
+
+def test_empty_calibration_data(tmp_path):
+    (tmp_path / "e.txt").write_text("\n\n")
+    bad(tmp_path, ["--calib", str(tmp_path / "e.txt")], "is empty")
+
+
+def test_undecodable_calibration_data(tmp_path):
+    (tmp_path / "b.txt").write_bytes(b"\xff\xfe\x00binary\x80\x81")
+    bad(tmp_path, ["--calib", str(tmp_path / "b.txt")], "is not UTF-8 text")
+
+
+def test_missing_text_field(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"sentence": "hello"}\n')
+    bad(tmp_path, ["--calib", str(tmp_path / "d.jsonl")], "no field 'text'")
+
+
+def test_fewer_samples_than_a_batch(tmp_path):
+    (tmp_path / "s.txt").write_text("one\ntwo\nthree\n")
+    bad(tmp_path, ["--calib", str(tmp_path / "s.txt"), "--calib-batch", "8"], "fewer than one batch")
+
+
+def test_malformed_seed_cache(tmp_path):
+    (tmp_path / "c.cache").write_text("not a cache\n")
+    bad(tmp_path, ["--from-cache", str(tmp_path / "c.cache")], "c.cache")
+
+
+@needs_trt
+@pytest.mark.slow
+def test_default_model_int8_passes_the_gate(tmp_path):
+    r = build("--int8", "--out", str(tmp_path / "engines"), cwd=tmp_path)
+    name = "all-MiniLM-L6-v2"
+    rec = json.loads((tmp_path / "engines" / f"{name}.int8.onnx.json").read_text())
+    acc = rec["accuracy"]["onnx_vs_fp32"]
+    assert rec["accuracy"]["gate"]["passed"] and acc["mean_cosine"] >= 0.99 and acc["min_cosine"] >= 0.97
+    assert acc["samples"] >= 100
+    assert (tmp_path / "calib" / name / "calibration.cache").is_file()  # TensorRT's format, default place
+    m = manifest.read_engine_manifest(tmp_path / "engines" / f"{name}.int8.manifest.json")
+    assert m["accuracy"]["onnx_vs_fp32"] == acc and m["precision"] == "int8"
+    assert (tmp_path / "engines" / f"{name}.fp16.engine").exists() is False  # only what was asked
+    assert "INT8 accuracy vs FP32" in r.stderr
