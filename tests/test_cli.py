@@ -109,3 +109,12 @@ def test_bad_compute_capability(tmp_path):
 def test_main_returns_exit_code_for_project_errors(tmp_path, capsys):
     assert main(["export", "--model", str(tmp_path / "missing")]) == 2
     assert "model directory not found" in capsys.readouterr().err
+
+
+def test_profile_longer_than_the_model_positions(tmp_path):
+    from tiny import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "ckpt")  # 128 positions
+    r = run_cli("build", "--model", str(ckpt), "--out", str(tmp_path / "out"))  # default seq max 256
+    assert_one_line_error(r, "--seq max 256 exceeds the 128 positions")
+    assert not (tmp_path / "out").exists()

@@ -347,3 +347,23 @@ def test_eval_label_unseen_in_training_is_refused(toy, tmp_path):
     write_jsonl(tmp_path / "eval.jsonl", [{"text": "w1", "label": "weather"}])
     with pytest.raises(InputError, match="eval label 'weather'"):
         finetune(spec(toy, toy / "bert", data=DataSpec(toy / "train.jsonl", tmp_path / "eval.jsonl")))
+
+
+@pytest.mark.skipif(not __import__("trt_seer.trt", fromlist=["available"]).available(),
+                    reason="no TensorRT / TensorRT-RTX importable")
+def test_finetune_output_builds_an_fp16_engine(trained, tmp_path):
+    """The whole seed pipeline: fine-tune (bf16, CPU) -> build --fp16 -> a real engine."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(trained), "--fp16",
+                        "--batch", "1,2,4", "--seq", "8,16,32", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=900, env={**os.environ, "TQDM_DISABLE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    name = trained.resolve().name
+    m = json.loads((tmp_path / f"{name}.fp16.manifest.json").read_text())
+    assert m["task"] == "text-classification" and m["io"]["outputs"][0]["name"] == "logits"
+    assert (tmp_path / m["engine"]["file"]).stat().st_size == m["engine"]["size_bytes"]
+    assert m["accuracy"]["onnx_vs_fp32"]["top1_agreement"] >= 0.95

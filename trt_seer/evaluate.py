@@ -10,7 +10,7 @@ import numpy as np
 
 from trt_seer import data
 from trt_seer.export import sample_inputs
-from trt_seer.families import ModelInfo, ShapeProfile
+from trt_seer.families import ModelInfo, ShapeProfile, max_positions
 from trt_seer.metrics import task_metrics
 
 
@@ -24,7 +24,9 @@ class EvalSpec:
 def eval_batches(info: ModelInfo, spec: EvalSpec = EvalSpec(), texts: list[str] | None = None) -> list[dict]:
     """Held-out token batches (the shipped held-out corpus, or random tokens for a model without a
     tokenizer, e.g. a tiny test checkpoint)."""
-    profile = ShapeProfile((1, spec.batch, spec.batch), (2, min(128, spec.max_seq), spec.max_seq))
+    limit = max_positions(info) or spec.max_seq
+    max_seq = min(spec.max_seq, limit)
+    profile = ShapeProfile((1, spec.batch, spec.batch), (2, min(128, max_seq), max_seq))
     if data.has_tokenizer(info):
         texts = texts if texts is not None else data.load_texts(data.default_corpus("heldout"))
         return list(data.token_batches(info, texts[:spec.samples], profile, spec.batch))

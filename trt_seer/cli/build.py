@@ -70,6 +70,9 @@ def run(args) -> int:
 
     info = resolve_model(args.model, args.task)
     specs = [build_spec(args, p) for p in precisions(args)]  # validates targets before slow work
+    from trt_seer.families import check_profile
+
+    check_profile(info, specs[0].profile)
     if "int8" in precisions(args):
         from trt_seer import int8
 
