@@ -10,6 +10,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from trt_seer import manifest, onnxio
 from trt_seer import trt as trt_adapter
 from trt_seer.errors import BuildError
@@ -84,9 +86,10 @@ def _config(flavor, builder, network, spec: BuildSpec, timing_cache: Path | None
     return config, targets, monitor
 
 
-def _io(network) -> dict:
+def _io(flavor, network) -> dict:
     def one(t):
-        return {"name": t.name, "dtype": str(t.dtype).split(".")[-1].lower(), "shape": list(t.shape)}
+        dtype = np.dtype(flavor.trt.nptype(t.dtype)).name  # numpy names: float32, float16, int64
+        return {"name": t.name, "dtype": dtype, "shape": list(t.shape)}
 
     return {"inputs": [one(network.get_input(i)) for i in range(network.num_inputs)],
             "outputs": [one(network.get_output(i)) for i in range(network.num_outputs)]}
@@ -117,7 +120,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
                    "stat": [Path(engine_path).stat().st_size, Path(engine_path).stat().st_mtime_ns]},
         "onnx": {"file": Path(onnx_path).name, "sha256": onnx_sha},
         "tensorrt": flavor.describe(), "targets": targets,
-        "profiles": [spec.profile.to_dict()], "io": _io(network),
+        "profiles": [spec.profile.to_dict()], "io": _io(flavor, network),
         "build": {"key": cache_key(onnx_sha, spec, flavor), "settings": spec.settings(),
                   "seconds": round(seconds, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "timing_cache": str(timing_cache.name) if timing_cache and flavor.has_timing_cache else None},

@@ -47,7 +47,8 @@ def stat_of(path: Path) -> list[int]:
 def up_to_date(artifact: Path, record_file: Path, key: str) -> dict | None:
     """The artifact's record if it exists, matches `key` and the file is unchanged; else None."""
     record = manifest.read_if_exists(record_file)
-    if not record or record.get("key") != key or not Path(artifact).is_file():
+    recorded_key = record and (record.get("key") or record.get("build", {}).get("key"))
+    if recorded_key != key or not Path(artifact).is_file():
         return None
     known = record.get("engine", record)  # engine manifests keep hash and stat under "engine"
     if file_sha(artifact, known) != known.get("sha256"):
