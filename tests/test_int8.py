@@ -132,3 +132,6 @@ def test_default_model_int8_passes_the_gate(tmp_path):
     assert m["accuracy"]["onnx_vs_fp32"] == acc and m["precision"] == "int8"
     assert (tmp_path / "engines" / f"{name}.fp16.engine").exists() is False  # only what was asked
     assert "INT8 accuracy vs FP32" in r.stderr
+    cpu = rec["cpu"]  # the CPU backend's own INT8 graph, gated the same way
+    assert cpu["file"] == f"{name}.int8.cpu.onnx" and (tmp_path / "engines" / cpu["file"]).is_file()
+    assert cpu["accuracy"]["mean_cosine"] >= 0.99 and cpu["accuracy"]["min_cosine"] >= 0.97

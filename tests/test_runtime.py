@@ -454,3 +454,11 @@ def test_run_cli_plain_output_and_errors(classifier, tiny_onnx):
     assert r.returncode == 2 and "nothing to run" in r.stderr
     r = run_cli(str(tiny_onnx), "--text", "hi")  # no record: no checkpoint to take a tokenizer from
     assert r.returncode == 2 and "pass --tokenizer DIR" in r.stderr
+
+
+def test_int8_fallback_prefers_the_cpu_int8_graph(tmp_path):
+    (tmp_path / "x.int8.onnx").write_bytes(b"")
+    assert onnx_sibling(tmp_path / "x.int8.engine").name == "x.int8.onnx"
+    (tmp_path / "x.int8.cpu.onnx").write_bytes(b"")
+    assert onnx_sibling(tmp_path / "x.int8.engine").name == "x.int8.cpu.onnx"
+    assert onnx_sibling(tmp_path / "x.fp16.engine").name == "x.fp16.onnx"

@@ -63,6 +63,7 @@ PATHS = (
     PathSpec("ort-fp32-cpu", "onnxruntime", "fp32", "onnx", "cpu", "ONNX Runtime FP32"),
     PathSpec("ort-fp16-cpu", "onnxruntime", "fp16", "onnx", "cpu", "ONNX Runtime FP16"),
     PathSpec("ort-int8-cpu", "onnxruntime", "int8", "onnx", "cpu", "ONNX Runtime Q/DQ INT8"),
+    PathSpec("ort-int8dyn-cpu", "onnxruntime", "int8", "onnx-cpu", "cpu", "ONNX Runtime dynamic INT8 (int8.cpu.onnx)"),
     PathSpec("torch-fp32-gpu", "torch", "fp32", "eager", "cuda", "PyTorch FP32 eager (TF32 off)"),
     PathSpec("torch-tf32-gpu", "torch", "tf32", "eager", "cuda", "PyTorch FP32 eager (TF32 on)"),
     PathSpec("torch-amp-fp16-gpu", "torch", "fp16", "autocast", "cuda", "PyTorch AMP FP16"),
@@ -73,7 +74,8 @@ PATHS = (
     PathSpec("trt-int8", "tensorrt", "int8", "engine", "cuda", "INT8"),
 )
 PATH_BY_KEY = {p.key: p for p in PATHS}
-INT8_PAIRS = (("torch-int8-cpu", "torch-fp32-cpu"), ("ort-int8-cpu", "ort-fp32-cpu"), ("trt-int8", "trt-fp16"))
+INT8_PAIRS = (("torch-int8-cpu", "torch-fp32-cpu"), ("ort-int8-cpu", "ort-fp32-cpu"),
+              ("ort-int8dyn-cpu", "ort-fp32-cpu"), ("trt-int8", "trt-fp16"))
 
 # Random-initialised models built from a config in code (no download), for speed-only runs.
 RANDOM_CONFIGS = {
@@ -360,7 +362,8 @@ def label(path: PathSpec, host: Host) -> str:
 
 def artifact_path(path: PathSpec, engines: Path, name: str) -> Path | None:
     if path.backend == "onnxruntime":
-        return Path(engines) / f"{name}.{path.precision}.onnx"
+        cpu = ".cpu" if path.mode == "onnx-cpu" else ""  # build --int8 writes int8.cpu.onnx for ONNX Runtime
+        return Path(engines) / f"{name}.{path.precision}{cpu}.onnx"
     if path.backend == "tensorrt":
         return Path(engines) / f"{name}.{path.precision}.engine"
     return None

@@ -151,7 +151,7 @@ def _quantized(fp16_path: Path, dest: Path, amax_by_input: dict, exclude: frozen
 
 def _gate_table(rows: list[tuple[str, dict, list[str]]]) -> str:
     keys = [k for k in rows[0][1] if k != "samples"]
-    lines = ["  " + " | ".join(["INT8 layers kept in FP16".ljust(26), *(k.rjust(12) for k in keys), "gate"])]
+    lines = ["  " + " | ".join(["layers kept out of INT8".ljust(26), *(k.rjust(12) for k in keys), "gate"])]
     for label, m, fails in rows:
         vals = [f"{m[k]:12.5f}" for k in keys]
         lines.append("  " + " | ".join([label.ljust(26), *vals, "pass" if not fails else "FAIL"]))
@@ -198,20 +198,33 @@ def _key(fp32: dict, fp16: dict, args, gate: Gate) -> str:
     })
 
 
-def _fallback(ctx: dict, order: list[str], rows: list) -> tuple[frozenset, dict, list]:
-    """Takes the layers that add the most error out of INT8 (1, 2, 4, ... of them) until the gate passes."""
-    k = 1
-    while True:
-        k = min(k, len(order))
-        excluded = frozenset(order[:k])
-        _quantized(ctx["fp16"], ctx["dest"], ctx["amax"], excluded, ctx["info"].task, ctx["attention"],
-                   ctx["weight_only"])
-        metrics = ctx["evaluate"]()
-        fails = ctx["gate"].check(ctx["info"].task, metrics)
-        rows.append((f"{k} most sensitive", metrics, fails))
-        if not fails or k == len(order):
-            return excluded, metrics, fails
+def _gated(write, evaluate, gate: Gate, task: str, rank) -> tuple[frozenset, dict, list, list]:
+    """Writes the artifact with every layer in INT8; while the gate fails, takes the layers `rank()`
+    orders by added error out of INT8, 1, 2, 4, ... of them. Returns (excluded, metrics, fails, rows)."""
+    excluded = frozenset()
+    write(excluded)
+    metrics = evaluate()
+    fails = gate.check(task, metrics)
+    rows = [("none", metrics, fails)]
+    if not fails:
+        return excluded, metrics, fails, rows
+    log.info("INT8 misses the gate (%s); measuring per-layer sensitivity ...", "; ".join(fails))
+    order, k = rank(), 1
+    while fails and len(excluded) < len(order):
+        excluded = frozenset(order[:min(k, len(order))])
+        write(excluded)
+        metrics = evaluate()
+        fails = gate.check(task, metrics)
+        rows.append((f"{len(excluded)} most sensitive", metrics, fails))
         k *= 2
+    return excluded, metrics, fails, rows
+
+
+def _rank(fp32_path: Path, cand: Path, batches: list, nodes: list[str]) -> list[str]:
+    from trt_seer import layers
+
+    profile_rows = layers.layer_error_profile(fp32_path, cand, batches[:4], nodes)
+    return [r["node"] for r in sorted(profile_rows, key=lambda r: -r["added_error"])]
 
 
 def _smoothed(fp32_path: Path, nodes: list[str], cd: CalibData, alpha: float, work: Path) -> tuple[Path, Path]:
@@ -258,20 +271,12 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
     tensors = quantize.activation_tensors(onnxio.load(src32, False), targets)
     amax_t = _ranges(src32, tensors, cd, args)
     _write_cache(cache_path(info, args), amax_t)
-    ctx = {"info": info, "fp16": base16, "dest": dest, "gate": gate, "attention": args.int8_attention,
-           "weight_only": mode == "weight-only",
-           "amax": {k: amax_t[t] for k, t in tensors.items()},
-           "evaluate": lambda: evaluate.compare_onnx(info, fp32_path, dest, cd.heldout)}
+    amax = {k: amax_t[t] for k, t in tensors.items()}
     log.info("writing the %s Q/DQ graph ...", mode)
-    _quantized(base16, dest, ctx["amax"], frozenset(), info.task, args.int8_attention, ctx["weight_only"])
-    metrics = ctx["evaluate"]()
-    fails = gate.check(info.task, metrics)
-    rows, excluded = [("none", metrics, fails)], frozenset()
-    if fails:
-        log.info("INT8 misses the gate (%s); measuring per-layer sensitivity ...", "; ".join(fails))
-        profile_rows = layers.layer_error_profile(fp32_path, dest, cd.heldout[:4], nodes)
-        order = [r["node"] for r in sorted(profile_rows, key=lambda r: -r["added_error"])]
-        excluded, metrics, fails = _fallback(ctx, order, rows)
+    excluded, metrics, fails, rows = _gated(
+        lambda ex: _quantized(base16, dest, amax, ex, info.task, args.int8_attention, mode == "weight-only"),
+        lambda: evaluate.compare_onnx(info, fp32_path, dest, cd.heldout), gate, info.task,
+        lambda: _rank(fp32_path, dest, cd.heldout, nodes))
     table = _gate_table(rows)
     log.info("INT8 accuracy vs FP32 on %d held-out samples:\n%s", metrics["samples"], table)
     if fails:
@@ -285,7 +290,29 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
         "quantization": {"mode": mode, "int8_gemms": len(targets) - len(excluded), "fp16_gemms": sorted(excluded),
                          "attention": args.int8_attention and mode == "w8a8"},
         "accuracy": {"onnx_vs_fp32": metrics, "gate": {"passed": True, "thresholds": gate.__dict__,
-                                                        "table": [[r[0], r[1], not r[2]] for r in rows]}}}
+                                                        "table": [[r[0], r[1], not r[2]] for r in rows]}},
+        "cpu": _cpu_int8(info, art, cd, gate, nodes)}
+
+
+def _cpu_int8(info: ModelInfo, art: pipeline.Artifacts, cd: CalibData, gate: Gate, nodes: list[str]) -> dict:
+    """The CPU backend's own INT8 artifact (`<name>.int8.cpu.onnx`): ONNX Runtime's dynamic INT8
+    MatMuls (per-channel weights), which its CPU kernels run faster than FP32, unlike TensorRT-style
+    S8 Q/DQ graphs. Gated the same way; returns its section of the INT8 record."""
+    from trt_seer import evaluate, quantize
+
+    fp32_path, dest = art.path("fp32.onnx"), art.path("int8.cpu.onnx")
+    log.info("writing the CPU INT8 graph (ONNX Runtime dynamic quantization) ...")
+    excluded, metrics, fails, rows = _gated(
+        lambda ex: quantize.ort_dynamic_int8(fp32_path, dest, ex),
+        lambda: evaluate.compare_onnx(info, fp32_path, dest, cd.heldout), gate, info.task,
+        lambda: _rank(fp32_path, art.path("int8.onnx"), cd.heldout, nodes))
+    log.info("CPU INT8 accuracy vs FP32:\n%s", _gate_table(rows))
+    if fails:
+        dest.unlink(missing_ok=True)
+        log.warning("warning: no CPU INT8 artifact: it cannot pass the gate (%s)", "; ".join(fails))
+        return {"file": None, "reason": "; ".join(fails)}
+    return {"file": dest.name, "sha256": onnxio.sha256(dest), "fp32_gemms": sorted(excluded),
+            "accuracy": metrics}
 
 
 def write_int8_record(dest: Path, fp32: dict, fp16: dict, key: str, extra: dict) -> dict:

@@ -200,3 +200,17 @@ def _replace_weights(model, rw: _Rewriter) -> None:
 def count_qdq(model) -> dict:
     ops = [n.op_type for n in model.graph.node]
     return {"quantize": ops.count("QuantizeLinear"), "dequantize": ops.count("DequantizeLinear")}
+
+
+def ort_dynamic_int8(fp32_path, dest, exclude: frozenset = frozenset()):
+    """FP32 ONNX -> ONNX Runtime dynamic INT8 (per-channel weights, activations quantized at run
+    time) for the CPU backend; `exclude` GEMMs stay FP32. Written atomically."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from trt_seer import onnxio
+
+    with onnxio.staged(dest) as tmp:
+        quantize_dynamic(str(fp32_path), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
+                         op_types_to_quantize=["MatMul"], nodes_to_exclude=sorted(exclude),
+                         extra_options={"MatMulConstBOnly": True})
+    return dest

@@ -24,9 +24,12 @@ BACKENDS = ("auto", "tensorrt", "onnxruntime")
 
 
 def onnx_sibling(engine_path: Path) -> Path:
-    """`x.fp16.engine` -> `x.fp16.onnx`: the graph of the same precision the engine was built from."""
+    """`x.fp16.engine` -> `x.fp16.onnx`: the graph of the same precision the engine was built from;
+    for INT8, `x.int8.cpu.onnx` (ONNX Runtime's own fast INT8 form) when `build` wrote one."""
     engine_path = Path(engine_path)
-    return engine_path.with_name(engine_path.name.removesuffix(".engine") + ".onnx")
+    stem = engine_path.name.removesuffix(".engine")
+    cpu = engine_path.with_name(stem + ".cpu.onnx")
+    return cpu if stem.endswith(".int8") and cpu.is_file() else engine_path.with_name(stem + ".onnx")
 
 
 def tensorrt_unavailable_reason(device: int = 0) -> str | None:
