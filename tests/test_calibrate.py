@@ -342,3 +342,20 @@ def test_cache_version_tag_follows_nv_tensorrt_version():
     assert cache_version_tag(10, 1, 0) == "100100"
     assert cache_version_tag(10, 14, 1) == "101401"
     assert cache_version_tag(8, 6, 1) == "8601"
+
+
+def test_legacy_calibrator_is_only_offered_where_tensorrt_has_it(tmp_path):
+    from trt_seer import trt
+    from trt_seer.errors import UnsupportedError
+    from trt_seer.legacy_calibrator import entropy_calibrator
+
+    if not trt.available():
+        pytest.skip("no TensorRT flavor importable")
+    flavor = trt.load()
+    if flavor.has_implicit_int8:  # TensorRT <= 10: a real calibrator serving our cache
+        cache = write_cache(tmp_path / "c.cache", {"x": 0.5}, "100100")
+        calibrator = entropy_calibrator(flavor, cache)
+        assert calibrator.read_calibration_cache() == cache.read_bytes()
+    else:
+        with pytest.raises(UnsupportedError, match="no implicit INT8 calibrator"):
+            entropy_calibrator(flavor, tmp_path / "c.cache")
