@@ -10,7 +10,7 @@ def add_parser(subparsers, common):
     p = subparsers.add_parser("build", help="export, convert and build TensorRT engines",
                               description=__doc__)
     common.add_model_args(p)
-    g = p.add_argument_group("precision (default: --fp16; several may be given)")
+    g = p.add_argument_group("precision (default: --fp16; several may be given; --int8 also builds FP16)")
     g.add_argument("--fp32", action="store_true", help="FP32/TF32 engine")
     g.add_argument("--fp16", action="store_true", help="FP16 engine from an FP16-typed graph")
     g.add_argument("--int8", action="store_true", help="INT8 engine from a calibrated Q/DQ graph")
@@ -49,8 +49,11 @@ def add_parser(subparsers, common):
 
 
 def precisions(args) -> list[str]:
-    chosen = [p for p in ("fp32", "fp16", "int8") if getattr(args, p)]
-    return chosen or ["fp16"]
+    """--fp16 when none is given; --int8 brings its FP16 engine along, the baseline INT8 is judged by."""
+    chosen = {p for p in ("fp32", "fp16", "int8") if getattr(args, p)} or {"fp16"}
+    if "int8" in chosen:
+        chosen.add("fp16")
+    return [p for p in ("fp32", "fp16", "int8") if p in chosen]
 
 
 def build_spec(args, precision: str):
