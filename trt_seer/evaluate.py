@@ -63,8 +63,9 @@ def compare_outputs(task: str, ref: list[dict], cand: list[dict], batches: list[
     return task_metrics(task, merge(task, ref, batches), merge(task, cand, batches))
 
 
-def compare_onnx(info: ModelInfo, ref_path, cand_path, batches: list[dict]) -> dict:
-    """Task metrics of `cand_path` against `ref_path` on `batches`."""
-    ref = run_batches(session(ref_path), batches)
+def compare_onnx(info: ModelInfo, ref, cand_path, batches: list[dict]) -> dict:
+    """Task metrics of `cand_path` against `ref` (an ONNX path, or its outputs from `run_batches`
+    on the same `batches`, so a reference is run once for many candidates) on `batches`."""
+    ref_outs = ref if isinstance(ref, list) else run_batches(session(ref), batches)
     cand = run_batches(session(cand_path), batches)
-    return compare_outputs(info.task, ref, cand, batches)
+    return compare_outputs(info.task, ref_outs, cand, batches)

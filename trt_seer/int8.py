@@ -39,13 +39,22 @@ class Gate:
         return [f"top-1 agreement {m['top1_agreement']:.4f} < {self.min_top1}"] if m["top1_agreement"] < self.min_top1 else []
 
 
-@dataclass(frozen=True)
+@dataclass
 class CalibData:
     """Calibration and held-out feeds, and a fingerprint of where they came from."""
 
     calib: list
     heldout: list
     fingerprint: str
+    _reference: list | None = None
+
+    def reference(self, fp32_path: Path) -> list:
+        """FP32 outputs on the held-out feeds, computed once for every gate evaluation."""
+        if self._reference is None:
+            from trt_seer.evaluate import run_batches, session
+
+            self._reference = run_batches(session(fp32_path), self.heldout)
+        return self._reference
 
 
 def _npz_batches(folder: Path) -> list[dict]:
@@ -275,7 +284,7 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
     log.info("writing the %s Q/DQ graph ...", mode)
     excluded, metrics, fails, rows = _gated(
         lambda ex: _quantized(base16, dest, amax, ex, info.task, args.int8_attention, mode == "weight-only"),
-        lambda: evaluate.compare_onnx(info, fp32_path, dest, cd.heldout), gate, info.task,
+        lambda: evaluate.compare_onnx(info, cd.reference(fp32_path), dest, cd.heldout), gate, info.task,
         lambda: _rank(fp32_path, dest, cd.heldout, nodes))
     table = _gate_table(rows)
     log.info("INT8 accuracy vs FP32 on %d held-out samples:\n%s", metrics["samples"], table)
@@ -304,7 +313,7 @@ def _cpu_int8(info: ModelInfo, art: pipeline.Artifacts, cd: CalibData, gate: Gat
     log.info("writing the CPU INT8 graph (ONNX Runtime dynamic quantization) ...")
     excluded, metrics, fails, rows = _gated(
         lambda ex: quantize.ort_dynamic_int8(fp32_path, dest, ex),
-        lambda: evaluate.compare_onnx(info, fp32_path, dest, cd.heldout), gate, info.task,
+        lambda: evaluate.compare_onnx(info, cd.reference(fp32_path), dest, cd.heldout), gate, info.task,
         lambda: _rank(fp32_path, art.path("int8.onnx"), cd.heldout, nodes))
     log.info("CPU INT8 accuracy vs FP32:\n%s", _gate_table(rows))
     if fails:

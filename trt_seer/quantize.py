@@ -205,12 +205,20 @@ def count_qdq(model) -> dict:
 def ort_dynamic_int8(fp32_path, dest, exclude: frozenset = frozenset()):
     """FP32 ONNX -> ONNX Runtime dynamic INT8 (per-channel weights, activations quantized at run
     time) for the CPU backend; `exclude` GEMMs stay FP32. Written atomically."""
+    import logging
+
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from trt_seer import onnxio
 
-    with onnxio.staged(dest) as tmp:
-        quantize_dynamic(str(fp32_path), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
-                         op_types_to_quantize=["MatMul"], nodes_to_exclude=sorted(exclude),
-                         extra_options={"MatMulConstBOnly": True})
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # it advises pre-processing (meant for vision models) on the root logger
+    try:
+        with onnxio.staged(dest) as tmp:
+            quantize_dynamic(str(fp32_path), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
+                             op_types_to_quantize=["MatMul"], nodes_to_exclude=sorted(exclude),
+                             extra_options={"MatMulConstBOnly": True})
+    finally:
+        root.setLevel(level)
     return dest
