@@ -136,3 +136,9 @@ def test_default_model_int8_passes_the_gate(tmp_path):
     cpu = rec["cpu"]  # the CPU backend's own INT8 graph, gated the same way
     assert cpu["file"] == f"{name}.int8.cpu.onnx" and (tmp_path / "engines" / cpu["file"]).is_file()
     assert cpu["accuracy"]["mean_cosine"] >= 0.99 and cpu["accuracy"]["min_cosine"] >= 0.97
+    cpu_record = json.loads((tmp_path / "engines" / f"{cpu['file']}.json").read_text())
+    assert cpu_record["source"] == rec["source"] and cpu_record["sha256"] == cpu["sha256"]
+    run = subprocess.run([sys.executable, "-m", "trt_seer", "run", str(tmp_path / "engines" / cpu["file"]),
+                          "--text", "hello world", "--json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert len(json.loads(run.stdout)["results"][0]["embedding"]) == 384

@@ -320,8 +320,12 @@ def _cpu_int8(info: ModelInfo, art: pipeline.Artifacts, cd: CalibData, gate: Gat
         dest.unlink(missing_ok=True)
         log.warning("warning: no CPU INT8 artifact: it cannot pass the gate (%s)", "; ".join(fails))
         return {"file": None, "reason": "; ".join(fails)}
-    return {"file": dest.name, "sha256": onnxio.sha256(dest), "fp32_gemms": sorted(excluded),
-            "accuracy": metrics}
+    fp32 = manifest.read(manifest.record_path(fp32_path))
+    base = {k: fp32[k] for k in ("kind", "name", "task", "model_type", "source", "io") if k in fp32}
+    record = pipeline.write_record(dest, {**base, "precision": "int8", "form": "onnxruntime dynamic INT8",
+                                          "fp32_sha256": fp32["sha256"], "fp32_gemms": sorted(excluded),
+                                          "accuracy": {"onnx_vs_fp32": metrics}})
+    return {"file": dest.name, "sha256": record["sha256"], "fp32_gemms": sorted(excluded), "accuracy": metrics}
 
 
 def write_int8_record(dest: Path, fp32: dict, fp16: dict, key: str, extra: dict) -> dict:
