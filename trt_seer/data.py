@@ -36,17 +36,25 @@ def _read_text(path: Path) -> str:
         raise InputError(f"cannot read calibration data {path}: {e.strerror}") from e
 
 
-def _jsonl_texts(path: Path, field: str) -> list[str]:
-    texts = []
+def jsonl_rows(path: Path):
+    """Yields ("file:line", object) for each non-blank line; InputError on anything else."""
     for i, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{i}: invalid JSON ({e.msg})") from e
-        if not isinstance(row, dict) or field not in row:
-            raise InputError(f"{path}:{i}: no field {field!r} (use --text-field)")
+            raise InputError(f"{path}:{i}: not valid JSON ({e.msg})") from e
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{i}: expected a JSON object per line")
+        yield f"{path}:{i}", row
+
+
+def _jsonl_texts(path: Path, field: str) -> list[str]:
+    texts = []
+    for where, row in jsonl_rows(path):
+        if field not in row:
+            raise InputError(f"{where}: no field {field!r} (use --text-field)")
         texts.append(str(row[field]))
     return texts
 

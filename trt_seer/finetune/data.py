@@ -11,7 +11,6 @@ Labels may be strings (mapped to ids in sorted order) or integers (used as ids).
 from __future__ import annotations
 
 import csv
-import json
 import random
 import re
 from dataclasses import dataclass
@@ -111,17 +110,9 @@ def read_examples(path: Path, text_field: str, label_field: str) -> list[Example
 
 
 def _jsonl_rows(path: Path, fields):
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path}:{n}: not valid JSON ({e.msg})") from e
-            if not isinstance(row, dict):
-                raise InputError(f"{path}:{n}: expected a JSON object per line")
-            yield f"{path}:{n}", row
+    from trt_seer.data import jsonl_rows
+
+    return jsonl_rows(path)
 
 
 def _csv_rows(path: Path, fields):
