@@ -39,6 +39,20 @@ def timed(cmd: list[str]) -> tuple[float, float, int]:
     return wall, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
 
 
+def stage_table(rows: list[tuple[str, float, float]]) -> list[str]:
+    """Markdown rows of (step, wall seconds, peak RSS MiB)."""
+    return ["| step | wall s | peak RSS MiB |", "|---|---:|---:|",
+            *(f"| {label} | {wall:.1f} | {rss:.0f} |" for label, wall, rss in rows)]
+
+
+def emit(text: str, append: str | None) -> None:
+    """Prints `text` and appends it to the Markdown file `append`, if given."""
+    print(text)
+    if append:
+        with open(append, "a") as f:
+            f.write(text + "\n")
+
+
 def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
@@ -61,12 +75,8 @@ def main(argv=None) -> int:
     table = "\n".join([f"\n## Build stages, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
                        f"Machine: {machine()}. Command: `python tools/bench_build.py`. Whole processes "
                        "(`python -m trt_seer ...`), default model, TensorRT-RTX builder on CPU.", "",
-                       "| step | wall s | peak RSS MiB |", "|---|---:|---:|",
-                       *(f"| {label} | {wall:.1f} | {rss:.0f} |" for label, wall, rss in rows)])
-    print(table)
-    if args.append:
-        with open(args.append, "a") as f:
-            f.write(table + "\n")
+                       *stage_table(rows)])
+    emit(table, args.append)
     return 0
 
 

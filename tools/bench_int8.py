@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_build import machine, timed  # noqa: E402
+from bench_build import emit, machine, stage_table, timed  # noqa: E402
 
 CALIBRATE = """
 import sys, itertools
@@ -58,16 +58,12 @@ def main(argv=None) -> int:
     text = "\n".join([
         f"\n## INT8, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
         f"Machine: {machine()}. Command: `python tools/bench_int8.py`. Whole processes.", "",
-        "| step | wall s | peak RSS MiB |", "|---|---:|---:|",
-        *(f"| {label} | {wall:.1f} | {rss:.0f} |" for label, wall, rss in rows), "",
+        *stage_table(rows), "",
         f"Q/DQ INT8 vs FP32 on {acc['samples']} held-out samples (ONNX Runtime CPU): mean cosine "
         f"{acc['mean_cosine']:.4f}, min {acc['min_cosine']:.4f}, neighbour overlap@5 "
         f"{acc['neighbour_overlap@5']:.3f}; {quant['int8_gemms']} GEMMs in INT8, "
         f"{len(quant['fp16_gemms'])} kept in FP16 by the gate's fallback."])
-    print(text)
-    if args.append:
-        with open(args.append, "a") as f:
-            f.write(text + "\n")
+    emit(text, args.append)
     return 0
 
 
