@@ -49,7 +49,7 @@ def cache_key(onnx_sha: str, spec: BuildSpec, flavor: trt_adapter.Flavor) -> str
                         "targets": targets})
 
 
-def _parse(flavor, builder, onnx_path: Path, verbose: bool):
+def _parse(flavor, builder, onnx_path: Path):
     network = trt_adapter.strongly_typed_network(flavor, builder)
     parser = flavor.trt.OnnxParser(network, builder.logger)
     if not parser.parse_from_file(str(onnx_path)):
@@ -102,7 +102,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
     onnx_sha = onnxio.sha256(onnx_path)
     trt_logger = trt_adapter.logger(flavor, spec.verbose)
     builder = flavor.trt.Builder(trt_logger)
-    network, _parser = _parse(flavor, builder, Path(onnx_path), spec.verbose)
+    network, _parser = _parse(flavor, builder, Path(onnx_path))
     config, targets, _monitor = _config(flavor, builder, network, spec, timing_cache)
     start = time.perf_counter()
     blob = builder.build_serialized_network(network, config)

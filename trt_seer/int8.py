@@ -41,11 +41,10 @@ class Gate:
 
 @dataclass
 class CalibData:
-    """Calibration and held-out feeds, and a fingerprint of where they came from."""
+    """Calibration and held-out feeds (the cache key fingerprints their files: data_fingerprint)."""
 
     calib: list
     heldout: list
-    fingerprint: str
     _reference: list | None = None
 
     def reference(self, fp32_path: Path) -> list:
@@ -71,33 +70,32 @@ def _npz_batches(folder: Path) -> list[dict]:
     return out
 
 
+def split_heldout(items: list) -> tuple[list, list]:
+    """(calibration, held-out): every HELDOUT_EVERY-th item is held out and never calibrated on."""
+    held = items[HELDOUT_EVERY - 1::HELDOUT_EVERY]
+    return [x for i, x in enumerate(items) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1], held
+
+
 def _text_data(info: ModelInfo, args, profile: ShapeProfile) -> CalibData:
     if args.calib is None:
         src, held = data.default_corpus("default"), data.default_corpus("heldout")
         texts, held_texts = data.load_texts(src), data.load_texts(held)
-        fp = sha256_json([sha256_file(src), sha256_file(held)])
     else:
-        src = Path(args.calib)
-        every = data.load_texts(src, args.text_field)
-        held_texts = every[HELDOUT_EVERY - 1::HELDOUT_EVERY]
-        texts = [t for i, t in enumerate(every) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1]
-        fp = sha256_file(src)
+        texts, held_texts = split_heldout(data.load_texts(Path(args.calib), args.text_field))
     texts = texts[:args.calib_samples]
     if len(texts) < args.calib_batch:
         raise InputError(f"{len(texts)} calibration samples are fewer than one batch ({args.calib_batch}); "
                          "pass more data or a smaller --calib-batch")
     calib = list(data.token_batches(info, texts, profile, args.calib_batch))
     heldout = list(data.token_batches(info, held_texts[:HELDOUT_SAMPLES], profile, 16))
-    return CalibData(calib, heldout, fp)
+    return CalibData(calib, heldout)
 
 
 def load_calib_data(info: ModelInfo, args, profile: ShapeProfile) -> CalibData:
     if args.calib is not None and Path(args.calib).is_dir():
         batches = _npz_batches(Path(args.calib))
-        held = batches[HELDOUT_EVERY - 1::HELDOUT_EVERY] or batches[-1:]
-        calib = [b for i, b in enumerate(batches) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1] or batches
-        fp = sha256_json([sha256_file(f) for f in sorted(Path(args.calib).glob("*.npz"))])
-        return CalibData(calib, held, fp)
+        calib, held = split_heldout(batches)
+        return CalibData(calib or batches, held or batches[-1:])
     if args.calib is not None and not Path(args.calib).exists():
         raise InputError(f"calibration data not found: {args.calib}")
     return _text_data(info, args, profile)
@@ -175,8 +173,7 @@ def check_args(args) -> None:
     if src is not None and src.is_dir():
         _npz_batches(src)
     elif src is not None:
-        texts = data.load_texts(src, args.text_field)
-        usable = len(texts) - len(texts) // HELDOUT_EVERY
+        usable = len(split_heldout(data.load_texts(src, args.text_field))[0])
         if min(usable, args.calib_samples) < args.calib_batch:
             raise InputError(f"{src} has {usable} calibration samples (after the held-out split), fewer than "
                              f"one batch ({args.calib_batch}); pass more data or a smaller --calib-batch")
@@ -321,14 +318,12 @@ def _cpu_int8(info: ModelInfo, art: pipeline.Artifacts, cd: CalibData, gate: Gat
         log.warning("warning: no CPU INT8 artifact: it cannot pass the gate (%s)", "; ".join(fails))
         return {"file": None, "reason": "; ".join(fails)}
     fp32 = manifest.read(manifest.record_path(fp32_path))
-    base = {k: fp32[k] for k in ("kind", "name", "task", "model_type", "source", "io") if k in fp32}
-    record = pipeline.write_record(dest, {**base, "precision": "int8", "form": "onnxruntime dynamic INT8",
+    record = pipeline.write_record(dest, {**pipeline.inherit(fp32), "precision": "int8", "form": "onnxruntime dynamic INT8",
                                           "fp32_sha256": fp32["sha256"], "fp32_gemms": sorted(excluded),
                                           "accuracy": {"onnx_vs_fp32": metrics}})
     return {"file": dest.name, "sha256": record["sha256"], "fp32_gemms": sorted(excluded), "accuracy": metrics}
 
 
 def write_int8_record(dest: Path, fp32: dict, fp16: dict, key: str, extra: dict) -> dict:
-    base = {k: fp32[k] for k in ("kind", "name", "task", "model_type", "source", "io") if k in fp32}
-    return pipeline.write_record(dest, {**base, "precision": "int8", "key": key, "fp32_sha256": fp32["sha256"],
+    return pipeline.write_record(dest, {**pipeline.inherit(fp32), "precision": "int8", "key": key, "fp32_sha256": fp32["sha256"],
                                         "fp16_sha256": fp16["sha256"], **extra})

@@ -104,11 +104,12 @@ def fp16_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = False) 
     fp16_from_onnx(src, dest)
     accuracy = compare_onnx(info, src, dest, eval_batches(info))
     log.info("fp16 vs fp32 (ONNX Runtime, held-out data): %s", _fmt_metrics(accuracy))
-    return write_record(dest, {**_inherit(fp32), "precision": "fp16", "key": key,
+    return write_record(dest, {**inherit(fp32), "precision": "fp16", "key": key,
                                "fp32_sha256": fp32["sha256"], "accuracy": {"onnx_vs_fp32": accuracy}})
 
 
-def _inherit(record: dict) -> dict:
+def inherit(record: dict) -> dict:
+    """What a derived ONNX record takes over from the record it was made from."""
     keep = ("kind", "name", "task", "model_type", "source", "io")
     return {k: record[k] for k in keep if k in record}
 
