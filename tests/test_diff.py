@@ -212,6 +212,14 @@ def test_int8_policy_gates_on_the_task_metric(tiny, capsys, tmp_path):
     assert "info (over tol)" in rows[0] and rows[1].endswith("PASS")
     assert "per-layer error" in out and (tmp_path / "report" / "layer_profile.png").is_file()
     assert not manifest.record_path(target).exists()  # a bare .onnx gets no record written
+    # Polygraphy reproduces the verdict with its cosine check on the task output only
+    (cmd,) = _reproduce_lines((tmp_path / "report" / "report.md").read_text())
+    assert "--compare-func cosine_similarity --cosine-similarity-threshold last_hidden_state:-1 " \
+           "sentence_embedding:0.99" in cmd
+    for line, passes in ((cmd, True), (cmd.replace("sentence_embedding:0.99", "sentence_embedding:1.01"), False)):
+        r = subprocess.run(line, shell=True, cwd=tmp_path / "report", capture_output=True, text=True, timeout=300,
+                           check=False)
+        assert (r.returncode == 0) is passes, (line, r.stdout[-2000:], r.stderr[-2000:])
 
 
 def resolve_model_path(art) -> Path:

@@ -691,6 +691,19 @@ def _tol_flags(c: dict) -> str:
     return f"--atol {atol} --rtol {rtol}"
 
 
+def _check_flags(c: dict, task: str) -> str:
+    """How Polygraphy should judge the comparison as trt-seer did. Element-wise tolerances when
+    they decide; when only the task metric does (INT8) and that metric is an embedding cosine,
+    Polygraphy's cosine check on the task output (its cosine spans a whole batch, so it is the
+    closest check, not the same one) and no check (threshold -1) on the other outputs."""
+    if any(o["gating"] for o in c["outputs"].values()) or task != "feature-extraction":
+        return _tol_flags(c)
+    out = task_output(task)
+    least = {n: (c["task_gate"]["thresholds"]["min_cosine"] if n == out else -1) for n in c["outputs"]}
+    return "--compare-func cosine_similarity --cosine-similarity-threshold " + " ".join(
+        f"{n}:{v:g}" for n, v in least.items())
+
+
 def reproduce_commands(result: DiffResult, out: Path) -> list[str]:
     """`polygraphy run` lines that rerun each candidate against the saved outputs, from `out`."""
     from trt_seer import trt
@@ -699,7 +712,7 @@ def reproduce_commands(result: DiffResult, out: Path) -> list[str]:
     for side, c in zip(result.candidates, result.comparisons):
         path = os.path.relpath(side.path.resolve(), out.resolve())
         io = (f"--load-inputs inputs.json --load-outputs outputs.json --postprocess-func-script {MASK_SCRIPT_NAME} "
-              f"{_tol_flags(c)}")
+              f"{_check_flags(c, result.task)}")
         if side.backend == "onnxrt":
             cmds.append(f"polygraphy run {path} --onnxrt {io}")
         else:
@@ -782,6 +795,9 @@ def report_markdown(result: DiffResult, files: dict, commands: list[str]) -> str
               "# From this directory: reruns each candidate on the saved inputs and compares it with the",
               "# saved outputs (candidates first, the reference last), with the tolerances used here.",
               f"# {MASK_SCRIPT_NAME} zeroes token-level outputs at padded positions, as trt-seer compared them.",
+              *(["# Judged by the task metric only (INT8): Polygraphy checks the cosine similarity of the",
+                 "# sentence embedding per batch (-1: not checked), the closest it has to the per-sentence gate."]
+                if any("cosine_similarity" in c for c in commands) else []),
               *commands, "```", ""]
     return "\n".join(lines)
 
