@@ -4,11 +4,16 @@ sizes; the default model (all-MiniLM-L6-v2) and a BERT-base-sized random-init mo
     python tools/bench_finetune.py                      # GPU: table, appended to docs/BENCHMARKS.md
     python tools/bench_finetune.py --compile --batches 64,256
     python tools/bench_finetune.py --quick              # CPU smoke check: tiny model, a few steps
+    python tools/bench_finetune.py --accuracy           # GPU: FP32 vs AMP eval accuracy, full runs
 
 Each run is a short `trt_seer.finetune` run (--steps optimizer steps, one epoch) on texts made of
 4 same-topic lines of the embedded corpus (about 100 tokens each), evaluated on held-out lines.
 samples/s is the steady rate after --warmup-steps (compilation and autotuning excluded); peak
 memory is torch.cuda.max_memory_allocated (peak RSS on CPU). AdamW is fused on CUDA.
+
+--accuracy instead runs what `trt-seer finetune` does by default (the default model, the embedded
+topics corpus, 3 epochs, batch 32) once per precision and seed, and compares the final eval
+accuracy of each AMP mode with FP32 (TF32 off): the target is within 0.5 points.
 """
 from __future__ import annotations
 
@@ -58,7 +63,11 @@ def parse_args(argv=None):
     p.add_argument("--append", action=argparse.BooleanOptionalAction, default=None,
                    help="append the table to docs/BENCHMARKS.md (default: yes, except with --quick)")
     p.add_argument("--json", metavar="FILE", default=None, help="also write every run's numbers here")
+    p.add_argument("--accuracy", action="store_true",
+                   help="full default fine-tunes per precision and seed; eval accuracy vs fp32")
+    p.add_argument("--seeds", default="0,1,2", help="--accuracy: seeds of the new head and data order (default: 0,1,2)")
     args = p.parse_args(argv)
+    args.seeds = [int(s) for s in args.seeds.split(",")]
     q = args.quick
     args.models = (args.models or ("tiny" if q else "default,bert-base")).split(",")
     args.batches = [int(b) for b in (args.batches or ("4,8" if q else "64,256")).split(",")]
@@ -135,30 +144,58 @@ def set_tf32(enabled: bool) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
-def run_case(case: Case, model: Path, data: tuple[Path, Path], work: Path, args) -> dict:
+def train_once(spec, tf32: bool):
+    """Runs one fine-tune; its training.json record, or None when the GPU ran out of memory."""
     import torch
 
-    from trt_seer.finetune import AmpSpec, DataSpec, FinetuneSpec, finetune
-    from trt_seer.finetune.monitor import read_metrics
+    from trt_seer.finetune import finetune
 
-    amp, tf32 = PRECISIONS[case.precision]
     set_tf32(tf32)
-    out = work / "runs" / f"{case.model}-{case.precision}-{case.batch}"
-    spec = FinetuneSpec(out=out, model=model, data=DataSpec(*data, max_seq=args.max_seq),
-                        amp=AmpSpec(amp), batch=case.batch, epochs=1, max_steps=args.steps, lr=args.lr,
-                        compile=args.compile, device="auto")
     try:
         finetune(spec)
     except torch.cuda.OutOfMemoryError:
-        return {**case.__dict__, "error": "out of memory"}
+        return None
     finally:
         set_tf32(False)
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    record = json.loads((out / "training.json").read_text())
+    return json.loads((spec.out / "training.json").read_text())
+
+
+def run_case(case: Case, model: Path, data: tuple[Path, Path], work: Path, args) -> dict:
+    from trt_seer.finetune import AmpSpec, DataSpec, FinetuneSpec
+    from trt_seer.finetune.monitor import read_metrics
+
+    amp, tf32 = PRECISIONS[case.precision]
+    out = work / "runs" / f"{case.model}-{case.precision}-{case.batch}"
+    spec = FinetuneSpec(out=out, model=model, data=DataSpec(*data, max_seq=args.max_seq),
+                        amp=AmpSpec(amp), batch=case.batch, epochs=1, max_steps=args.steps, lr=args.lr,
+                        compile=args.compile, device="auto")
+    record = train_once(spec, tf32)
+    if record is None:
+        return {**case.__dict__, "error": "out of memory"}
     steps = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "step"]
     return {**case.__dict__, **steady_rate(steps, args.warmup_steps), **summary(record)}
+
+
+def accuracy_case(precision: str, seed: int, model: Path, work: Path, args) -> dict:
+    """One default fine-tune (embedded corpus, the CLI's defaults); --quick: 1 epoch, --steps steps."""
+    from trt_seer.finetune import AmpSpec, DataSpec, FinetuneSpec
+
+    amp, tf32 = PRECISIONS[precision]
+    quick = {"epochs": 1, "max_steps": args.steps} if args.quick else {}
+    spec = FinetuneSpec(out=work / "accuracy" / f"{precision}-{seed}", model=model,
+                        data=DataSpec(max_seq=args.max_seq), amp=AmpSpec(amp), seed=seed,
+                        compile=args.compile, device="auto", **quick)
+    record = train_once(spec, tf32)
+    if record is None:
+        return {"precision": precision, "seed": seed, "error": "out of memory"}
+    final = record["metrics"]["final"]
+    return {"precision": precision, "seed": seed, "eval_accuracy": final["eval_accuracy"],
+            "eval_examples": record["data"]["eval_examples"], "seconds": record["seconds"],
+            "samples_per_s": record["metrics"]["epochs"][-1]["samples_per_s"],
+            "skipped_steps": record["metrics"]["skipped_steps"], "hardware": record["hardware"]}
 
 
 def steady_rate(steps: list[dict], warmup: int) -> dict:
@@ -204,19 +241,57 @@ def machine(rows: list[dict]) -> str:
             f"Python {platform.python_version()}, torch {hw.get('torch')}, transformers {hw.get('transformers')}")
 
 
-def append_report(text: str, rows: list[dict], args) -> Path:
+ACCURACY_TOLERANCE = 0.5  # points of eval accuracy an AMP mode may lose against fp32
+
+
+def accuracy_table(rows: list[dict]) -> str:
+    by = {}
+    for r in rows:
+        by.setdefault(r["precision"], []).append(r)
+    ok = {p: [r for r in rs if "error" not in r] for p, rs in by.items()}
+    mean = {p: sum(r["eval_accuracy"] for r in rs) / len(rs) for p, rs in ok.items() if rs}
+    lines = ["| precision | eval accuracy per seed | mean | vs fp32 (points) | within 0.5 | samples/s | skipped steps |",
+             "| --- | --- | ---: | ---: | --- | ---: | ---: |"]
+    for p, rs in by.items():
+        seeds = ", ".join(f"{r['eval_accuracy']:.4f}" if "error" not in r else r["error"] for r in rs)
+        if p not in mean:
+            lines.append(f"| {p} | {seeds} | | | | | |")
+            continue
+        delta = 100 * (mean[p] - mean["fp32"]) if "fp32" in mean else None
+        verdict = "-" if delta is None or p == "fp32" else ("yes" if delta >= -ACCURACY_TOLERANCE else "NO")
+        rate = sum(r["samples_per_s"] for r in ok[p]) / len(ok[p])
+        lines.append(f"| {p} | {seeds} | {mean[p]:.4f} | {'-' if delta is None else f'{delta:+.2f}'} | {verdict} | "
+                     f"{rate:.0f} | {sum(r['skipped_steps'] for r in ok[p])} |")
+    return "\n".join(lines)
+
+
+def speed_intro(rows: list[dict], args) -> tuple[str, str]:
+    timed = [r for r in rows if "mean_tokens" in r]
+    mean_tokens = sum(r["mean_tokens"] for r in timed) / max(1, len(timed))
+    return ("Fine-tuning throughput by precision",
+            f"Each row is one short run: {args.steps} optimizer steps, samples/s "
+            f"over the last {args.steps - args.warmup_steps - 1}; about {mean_tokens:.0f} tokens per example "
+            f"(max {args.max_seq}); fused AdamW on CUDA; torch.compile {'on' if args.compile else 'off'}. "
+            f"Peak memory is torch.cuda.max_memory_allocated (peak RSS on CPU). Eval accuracy is after "
+            f"those few steps: random-init models stay near chance (0.25).")
+
+
+def accuracy_intro(rows: list[dict], args) -> tuple[str, str]:
+    n = next((r["eval_examples"] for r in rows if "eval_examples" in r), "?")
+    return ("Fine-tuning accuracy, FP32 vs mixed precision",
+            f"Each run is `trt-seer finetune`'s default job (the default model on the embedded topics "
+            f"corpus, batch 32, 3 epochs, lr 5e-5) with --amp off (TF32 off) / fp16 / bf16; seeds "
+            f"{', '.join(map(str, args.seeds))} set the new head and the data order, the same for every "
+            f"precision. Eval accuracy is on the {n} held-out examples after the last epoch (one example = "
+            f"{100 / n if isinstance(n, int) else 0:.2f} points); 'within 0.5' compares each mean with fp32's.")
+
+
+def append_report(title: str, intro: str, text: str, rows: list[dict]) -> Path:
     """Appends a dated block (machine, command, table) to docs/BENCHMARKS.md."""
     path = ROOT / "docs" / "BENCHMARKS.md"
     command = " ".join(["python tools/bench_finetune.py", *map(shlex.quote, sys.argv[1:])])
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    timed = [r for r in rows if "mean_tokens" in r]
-    mean_tokens = sum(r["mean_tokens"] for r in timed) / max(1, len(timed))
-    block = (f"\n## Fine-tuning throughput by precision, {when}\n\nMachine: {machine(rows)}.\n\n"
-             f"Command: `{command}`. Each row is one short run: {args.steps} optimizer steps, samples/s "
-             f"over the last {args.steps - args.warmup_steps - 1}; about {mean_tokens:.0f} tokens per example "
-             f"(max {args.max_seq}); fused AdamW on CUDA; torch.compile {'on' if args.compile else 'off'}. "
-             f"Peak memory is torch.cuda.max_memory_allocated (peak RSS on CPU). Eval accuracy is after "
-             f"those few steps: random-init models stay near chance (0.25).\n\n{text}\n")
+    block = f"\n## {title}, {when}\n\nMachine: {machine(rows)}.\n\nCommand: `{command}`. {intro}\n\n{text}\n"
     path.parent.mkdir(exist_ok=True)
     if not path.exists():
         path.write_text("# Benchmarks\n")
@@ -225,28 +300,42 @@ def append_report(text: str, rows: list[dict], args) -> Path:
     return path
 
 
+def speed_rows(args, precisions: list[str], work: Path) -> list[dict]:
+    rows = []
+    models = model_dirs(args.models, work, args.default_model)
+    data = write_data(work, args.steps * max(args.batches) + max(args.batches))
+    for name, path in models.items():
+        for batch in args.batches:
+            for precision in precisions:
+                rows.append(run_case(Case(name, precision, batch), path, data, work, args))
+                print(json.dumps({k: v for k, v in rows[-1].items() if k != "hardware"}), flush=True)
+    return rows
+
+
+def accuracy_rows(args, precisions: list[str], work: Path) -> list[dict]:
+    model = model_dirs(["tiny" if args.quick else "default"], work, args.default_model)
+    rows = []
+    for precision in [p for p in precisions if p != "tf32"]:
+        for seed in args.seeds:
+            rows.append(accuracy_case(precision, seed, next(iter(model.values())), work, args))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "hardware"}), flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     import torch
 
     args = parse_args(argv)
-    cuda = torch.cuda.is_available()
-    precisions = supported_precisions(args.precisions, cuda)
-    rows = []
+    precisions = supported_precisions(args.precisions, torch.cuda.is_available())
     with tempfile.TemporaryDirectory(prefix="bench-finetune-") as tmp:
-        work = Path(tmp)
-        models = model_dirs(args.models, work, args.default_model)
-        data = write_data(work, args.steps * max(args.batches) + max(args.batches))
-        for name, path in models.items():
-            for batch in args.batches:
-                for precision in precisions:
-                    rows.append(run_case(Case(name, precision, batch), path, data, work, args))
-                    print(json.dumps({k: v for k, v in rows[-1].items() if k != "hardware"}), flush=True)
-    text = table(rows)
+        rows = (accuracy_rows if args.accuracy else speed_rows)(args, precisions, Path(tmp))
+    text = (accuracy_table if args.accuracy else table)(rows)
     print(f"\n{machine(rows)}\n{text}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.append:
-        print(f"appended to {append_report(text, rows, args)}")
+        title, intro = (accuracy_intro if args.accuracy else speed_intro)(rows, args)
+        print(f"appended to {append_report(title, intro, text, rows)}")
     return 0
 
 
