@@ -1,0 +1,65 @@
+"""The benchmark tools' verdicts: what they print decides whether a target counts as met."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+def load_tool(name: str):
+    sys.path.insert(0, str(TOOLS))
+    try:
+        spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(TOOLS))
+
+
+def acc_row(precision, seed, accuracy, **extra):
+    return {"precision": precision, "seed": seed, "eval_accuracy": accuracy, "eval_examples": 242,
+            "seconds": 1.0, "samples_per_s": 100.0, "skipped_steps": 0, **extra}
+
+
+def verdicts(table: str) -> dict:
+    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
+    return {r[0].strip(): (r[3].strip(), r[4].strip()) for r in rows}
+
+
+def test_accuracy_table_judges_each_amp_mean_against_fp32():
+    bench_finetune = load_tool("bench_finetune")
+    rows = [acc_row("fp32", 0, 0.990), acc_row("fp32", 1, 0.980),   # mean 0.985
+            acc_row("fp16", 0, 0.982), acc_row("fp16", 1, 0.979),   # mean 0.9805: -0.45 points
+            acc_row("bf16", 0, 0.981), acc_row("bf16", 1, 0.978)]   # mean 0.9795: -0.55 points
+    v = verdicts(bench_finetune.accuracy_table(rows))
+    assert v["fp32"] == ("+0.00", "-")
+    assert v["fp16"] == ("-0.45", "yes")
+    assert v["bf16"] == ("-0.55", "NO")
+
+
+def test_accuracy_table_reports_failed_runs_without_a_verdict():
+    bench_finetune = load_tool("bench_finetune")
+    rows = [acc_row("fp32", 0, 0.99), {"precision": "fp16", "seed": 0, "error": "out of memory"}]
+    table = bench_finetune.accuracy_table(rows)
+    assert "| fp16 | out of memory | | | | | |" in table
+
+
+def zero1_row(mode, state, losses, **extra):
+    return {"mode": mode, "optimizer": "AdamW", "processes": 2, "state_bytes_per_rank": state, "losses": losses,
+            "peak_memory_gib": 1.0, "samples_per_s": 10.0, **extra}
+
+
+def test_zero1_table_compares_the_largest_shard_and_the_loss_curves():
+    bench_zero1 = load_tool("bench_zero1")
+    mib = 2**20
+    rows = [zero1_row("ddp", [800 * mib, 800 * mib], [1.0, 0.9, 0.8]),
+            zero1_row("zero1", [450 * mib, 350 * mib], [1.0, 0.9005, 0.8])]
+    lines = bench_zero1.table(rows).splitlines()
+    ddp, zero1 = (line.split("|")[1:-1] for line in lines[2:])
+    assert [c.strip() for c in ddp[3:5]] == ["800.0, 800.0", "1.00x"]
+    assert [c.strip() for c in zero1[3:5]] == ["450.0, 350.0", "0.56x"]  # the fullest rank decides memory
+    assert float(zero1[7]) == pytest.approx(5e-4)
