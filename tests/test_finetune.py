@@ -310,6 +310,11 @@ def test_length_bucketed_batches_cover_every_example_once_with_little_padding():
     encoded = data.Encoded([{"input_ids": [7] * n} for n in (3, 9)], [0, 1])
     batch = data.collate(encoded, [0, 1], pad_id=0)
     assert batch["input_ids"].shape == (2, 16) and batch["attention_mask"].sum(1).tolist() == [3, 9]
+    coarse = data.collate(encoded, [0, 1], pad_id=0, multiple=data.COMPILED_PAD_MULTIPLE)  # under --compile
+    assert coarse["input_ids"].shape == (2, 32) and coarse["attention_mask"].sum(1).tolist() == [3, 9]
+    shapes = {data.collate(data.Encoded([{"input_ids": [7] * n}], [0]), [0], 0, 32)["input_ids"].shape[1]
+              for n in range(1, 129)}
+    assert shapes == {32, 64, 96, 128}  # every length up to 128 in four compiled shapes
 
 
 # -- bad input ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ EVAL_EVERY = 10  # without an eval file, every 10th example is held out
 TOPICS_SOURCE = "embedded:topics"
 BUCKET_POOL = 50  # batches whose examples are sorted by length together
 PAD_MULTIPLE = 8  # pad sequence length to a multiple of 8 (tensor-core friendly, fewer shapes)
+COMPILED_PAD_MULTIPLE = 32  # under torch.compile: few enough shapes that each compiles once
 _INT = re.compile(r"-?\d+")
 
 
@@ -199,14 +200,14 @@ def plan_batches(lengths: list[int], size: int, seed: int | None = None) -> list
     return batches
 
 
-def collate(data: Encoded, indices: list[int], pad_id: int) -> dict:
-    """Right-pads the chosen examples to the longest (rounded up to PAD_MULTIPLE).
+def collate(data: Encoded, indices: list[int], pad_id: int, multiple: int = PAD_MULTIPLE) -> dict:
+    """Right-pads the chosen examples to the longest (rounded up to `multiple`).
     Returns int64 tensors, each (batch, seq), plus `labels` (batch,)."""
     import numpy as np
     import torch
 
     lengths = [len(data.features[i]["input_ids"]) for i in indices]
-    seq = -(-max(lengths) // PAD_MULTIPLE) * PAD_MULTIPLE
+    seq = -(-max(lengths) // multiple) * multiple
     batch = {"attention_mask": np.arange(seq)[None, :] < np.array(lengths)[:, None]}
     for key in data.features[indices[0]]:
         rows = np.full((len(indices), seq), pad_id if key == "input_ids" else 0, dtype=np.int64)

@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass
 
 from trt_seer.finetune import distributed
-from trt_seer.finetune.data import Encoded, collate, plan_batches
+from trt_seer.finetune.data import COMPILED_PAD_MULTIPLE, PAD_MULTIPLE, Encoded, collate, plan_batches
 from trt_seer.finetune.distributed import Context
 from trt_seer.finetune.monitor import Reporter, peak_memory, reset_peak_memory
 from trt_seer.finetune.spec import AmpSpec, FinetuneSpec
@@ -41,6 +41,7 @@ class Trainer:
     clip_norm: float = 1.0
     max_steps: int | None = None
     one: object = None  # a device scalar 1.0: scaler.scale(one) reads the loss scale without waiting
+    pad_multiple: int = PAD_MULTIPLE  # training batches' sequence length is a multiple of this
     step: int = 0
     skipped: int = 0
 
@@ -91,12 +92,16 @@ def make_trainer(module, spec: FinetuneSpec, ctx: Context, total_steps: int, pad
     ddp = distributed.wrap_ddp(module, ctx) if ctx.distributed else None
     forward = ddp or module
     if spec.compile:
-        forward = torch.compile(forward)
+        # Static shapes, and sequence lengths padded to multiples of 32: a handful of shapes that
+        # each compile once. Left dynamic, BERT-base recompiled for each new length range until
+        # torch._dynamo hit its recompile limit.
+        forward = torch.compile(forward, dynamic=False)
     optimizer = distributed.make_optimizer(param_groups(module, spec.weight_decay), ctx, spec.zero1,
                                            lr=spec.lr, betas=(0.9, 0.999), eps=1e-8)
     scheduler = make_scheduler(optimizer, total_steps, spec.warmup)
     return Trainer(ctx, spec.amp.mode, module, forward, ddp, optimizer, scheduler, make_scaler(spec.amp, ctx),
-                   pad_id, spec.clip_norm, spec.max_steps, torch.ones((), device=ctx.device))
+                   pad_id, spec.clip_norm, spec.max_steps, torch.ones((), device=ctx.device),
+                   pad_multiple=COMPILED_PAD_MULTIPLE if spec.compile else PAD_MULTIPLE)
 
 
 def backward(tr: Trainer, micro_batches: list[dict], step_examples: int):
@@ -188,7 +193,7 @@ def train_epoch(tr: Trainer, data: Encoded, plan: list, epoch: int, reporter: Re
             if tr.max_steps is not None and tr.step >= tr.max_steps:
                 break
             n, lr = sum(len(b) for b in step_batches), tr.scheduler.get_last_lr()[0]
-            micro = [collate(data, b[tr.ctx.rank::tr.ctx.world], tr.pad_id) for b in step_batches]
+            micro = [collate(data, b[tr.ctx.rank::tr.ctx.world], tr.pad_id, tr.pad_multiple) for b in step_batches]
             loss, tokens = backward(tr, micro, n)
             norm = optimizer_step(tr)
             # (loss, tokens) summed over ranks, grad norm, loss scale after the update: (4,)
