@@ -22,7 +22,8 @@ def add_parser(subparsers, common):
     _training_args(p.add_argument_group("training"), common)
     _amp_args(p.add_argument_group("mixed precision"))
     s = p.add_argument_group("speed and scale")
-    s.add_argument("--compile", action="store_true", help="torch.compile the model")
+    s.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (static shapes; batches padded to multiples of 32 tokens)")
     s.add_argument("--zero1", action="store_true",
                    help="shard optimizer state across torchrun processes (ZeroRedundancyOptimizer)")
     s.add_argument("--device", default="auto", metavar="{auto,cuda,cpu}",
