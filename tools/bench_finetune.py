@@ -286,10 +286,10 @@ def accuracy_intro(rows: list[dict], args) -> tuple[str, str]:
             f"{100 / n if isinstance(n, int) else 0:.2f} points); 'within 0.5' compares each mean with fp32's.")
 
 
-def append_report(title: str, intro: str, text: str, rows: list[dict]) -> Path:
+def append_report(title: str, intro: str, text: str, rows: list[dict], tool: str = "bench_finetune.py") -> Path:
     """Appends a dated block (machine, command, table) to docs/BENCHMARKS.md."""
     path = ROOT / "docs" / "BENCHMARKS.md"
-    command = " ".join(["python tools/bench_finetune.py", *map(shlex.quote, sys.argv[1:])])
+    command = " ".join([f"python tools/{tool}", *map(shlex.quote, sys.argv[1:])])
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     block = f"\n## {title}, {when}\n\nMachine: {machine(rows)}.\n\nCommand: `{command}`. {intro}\n\n{text}\n"
     path.parent.mkdir(exist_ok=True)

@@ -12,10 +12,8 @@ torch.cuda.max_memory_allocated (peak RSS on CPU). Appends the table to docs/BEN
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -76,7 +74,7 @@ def launch(mode: str, model: Path, data: tuple[Path, Path], out: Path, device: s
     log = out.parent / f"{mode}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
-        done = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        done = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, check=False)
     if done.returncode:
         tail = log.read_text().strip().splitlines()[-5:]
         sys.exit(f"bench_zero1: {mode} run failed (exit {done.returncode}):\n" + "\n".join(tail))
@@ -107,19 +105,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def append_report(text: str, rows: list[dict], args, amp: str) -> Path:
-    path = ROOT / "docs" / "BENCHMARKS.md"
-    command = " ".join(["python tools/bench_zero1.py", *map(shlex.quote, sys.argv[1:])])
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    block = (f"\n## ZeRO-1 vs DDP, {when}\n\nMachine: {bench_finetune.machine(rows)}.\n\n"
-             f"Command: `{command}`. `torchrun --nproc-per-node {args.nproc} -m trt_seer finetune` on the "
-             f"'{args.model}' model, micro-batch {args.batch} per process, {args.steps} optimizer steps, --amp {amp}; "
-             f"the same data, seed and order in both runs. Optimizer state is what each rank's optimizer holds; "
-             f"peak memory is rank 0's torch.cuda.max_memory_allocated (peak RSS on CPU); samples/s over the "
-             f"steps after the first {args.warmup_steps}.\n\n{text}\n")
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(block)
-    return path
+def intro(args, amp: str) -> str:
+    return (f"`torchrun --nproc-per-node {args.nproc} -m trt_seer finetune` on the "
+            f"'{args.model}' model, micro-batch {args.batch} per process, {args.steps} optimizer steps, --amp {amp}; "
+            f"the same data, seed and order in both runs. Optimizer state is what each rank's optimizer holds; "
+            f"peak memory is rank 0's torch.cuda.max_memory_allocated (peak RSS on CPU); samples/s over the "
+            f"steps after the first {args.warmup_steps}.")
 
 
 def main(argv=None) -> int:
@@ -138,7 +129,8 @@ def main(argv=None) -> int:
     text = table(rows)
     print(f"\n{bench_finetune.machine(rows)}\n{text}")
     if args.append:
-        print(f"appended to {append_report(text, rows, args, amp)}")
+        path = bench_finetune.append_report("ZeRO-1 vs DDP", intro(args, amp), text, rows, tool="bench_zero1.py")
+        print(f"appended to {path}")
     return 0
 
 
