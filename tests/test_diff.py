@@ -129,6 +129,11 @@ def _reproduce_lines(md: str) -> list[str]:
     return [line for line in block.splitlines() if "polygraphy run " in line and not line.startswith("#")]
 
 
+def _shell(line: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Runs a reproduce line as a user would paste it, in the report directory."""
+    return subprocess.run(line, shell=True, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+
+
 @pytest.mark.slow
 def test_polygraphy_run_reproduces_fp32_comparison(tiny, capsys, tmp_path):
     _, art = tiny
@@ -139,7 +144,7 @@ def test_polygraphy_run_reproduces_fp32_comparison(tiny, capsys, tmp_path):
                     r"--load-outputs outputs\.json", cmd)
     plain = f"polygraphy run {cmd.split()[2]} --onnxrt --load-inputs inputs.json --load-outputs outputs.json"
     for line in (cmd, plain):
-        r = subprocess.run(line, shell=True, cwd=out_dir, capture_output=True, text=True, timeout=300, check=False)
+        r = _shell(line, out_dir)
         assert r.returncode == 0, (line, r.stdout[-2000:], r.stderr[-2000:])
         assert "PASSED" in r.stdout + r.stderr
 
@@ -150,10 +155,10 @@ def test_polygraphy_run_reproduces_fp16_comparison(tiny, capsys, tmp_path):
     out_dir = tmp_path / "report"
     assert run_diff(capsys, record(art, "fp16"), "--samples", "32", "--report", out_dir)[0] == 0
     (cmd,) = _reproduce_lines((out_dir / "report.md").read_text())
-    r = subprocess.run(cmd, shell=True, cwd=out_dir, capture_output=True, text=True, timeout=300, check=False)
+    r = _shell(cmd, out_dir)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
     strict = cmd.replace("sentence_embedding:0.01", "sentence_embedding:1e-9")  # must then fail
-    r = subprocess.run(strict, shell=True, cwd=out_dir, capture_output=True, text=True, timeout=300, check=False)
+    r = _shell(strict, out_dir)
     assert r.returncode != 0
 
 
@@ -217,8 +222,7 @@ def test_int8_policy_gates_on_the_task_metric(tiny, capsys, tmp_path):
     assert "--compare-func cosine_similarity --cosine-similarity-threshold last_hidden_state:-1 " \
            "sentence_embedding:0.99" in cmd
     for line, passes in ((cmd, True), (cmd.replace("sentence_embedding:0.99", "sentence_embedding:1.01"), False)):
-        r = subprocess.run(line, shell=True, cwd=tmp_path / "report", capture_output=True, text=True, timeout=300,
-                           check=False)
+        r = _shell(line, tmp_path / "report")
         assert (r.returncode == 0) is passes, (line, r.stdout[-2000:], r.stderr[-2000:])
 
 
