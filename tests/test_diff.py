@@ -17,6 +17,7 @@ from trt_seer.cli import main
 from trt_seer.errors import InputError
 from trt_seer.families import resolve_model
 from trt_seer.layers import first_jumps, layer_error_profile, most_sensitive
+from trt_seer.runtime import cuda
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -273,7 +274,7 @@ def tiny_engine(tiny):
 
 
 def test_engine_comparison_skipped_without_gpu(tiny_engine, capsys, tmp_path):
-    reason = diff.gpu_unavailable_reason()
+    reason = cuda.gpu_unavailable_reason()
     if reason is None:
         pytest.skip("a CUDA device is present: the engine comparison runs (see the gpu test)")
     manifest_path = tiny_engine

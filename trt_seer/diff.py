@@ -200,61 +200,22 @@ def _engine_side(target: Target) -> Side:
 
 # --- can an engine run here ------------------------------------------------------------------
 
-def _cudart():
-    try:
-        from cuda.bindings import runtime as cudart
-    except ImportError:
-        from cuda import cudart  # cuda-python < 12.6 layout
-    return cudart
-
-
-def gpu_unavailable_reason() -> str | None:
-    """Why no CUDA device is usable here, or None when one is."""
-    try:
-        cudart = _cudart()
-    except ImportError:
-        return "cuda-python is not installed (pip install 'trt-seer[gpu]')"
-    err, count = cudart.cudaGetDeviceCount()
-    if err != cudart.cudaError_t.cudaSuccess:
-        return f"no usable CUDA device ({cudart.cudaGetErrorName(err)[1].decode()})"
-    return None if count else "no CUDA device"
-
-
-def _cuda_call(result):
-    """cuda-python returns (err, *values); raises on an error, with the CUDA error's name."""
-    cudart = _cudart()
-    err, *values = result
-    if err != cudart.cudaError_t.cudaSuccess:
-        raise DependencyError(f"CUDA call failed: {cudart.cudaGetErrorName(err)[1].decode()}")
-    return values[0] if len(values) == 1 else values
-
-
-def _device_cc() -> tuple[int, int]:
-    cudart = _cudart()
-    attr = cudart.cudaDeviceAttr
-    major = _cuda_call(cudart.cudaDeviceGetAttribute(attr.cudaDevAttrComputeCapabilityMajor, 0))
-    minor = _cuda_call(cudart.cudaDeviceGetAttribute(attr.cudaDevAttrComputeCapabilityMinor, 0))
-    return int(major), int(minor)
-
-
 def engine_unavailable_reason(engine_manifest: dict) -> str | None:
-    """Why this engine cannot run here (no GPU, no TensorRT, another flavor or version, a GPU
-    outside its targets), or None."""
-    from trt_seer import trt
+    """Why this engine cannot run here, or None: the runtime's own answers (TensorRT importable
+    and driving GPU 0, then the manifest's flavor, release and targets against them)."""
+    from trt_seer import runtime, trt
+    from trt_seer.errors import ManifestMismatchError
+    from trt_seer.runtime import cuda
+    from trt_seer.runtime.engine import check_manifest
 
-    reason = gpu_unavailable_reason()
+    reason = runtime.tensorrt_unavailable_reason()
     if reason:
         return reason
-    if not trt.available():
-        return "no TensorRT runtime importable (pip install 'trt-seer[rtx]' or 'trt-seer[tensorrt]')"
-    built = engine_manifest.get("tensorrt", {})
-    here = trt.load().describe()
-    if built and built != here:
-        return (f"engine built with {built.get('flavor')} {built.get('version')}, this runtime is "
-                f"{here['flavor']} {here['version']}")
-    cc = _device_cc()
-    if not trt.target_allows(engine_manifest.get("targets", {}), cc):
-        return f"engine targets {engine_manifest.get('targets')} exclude this GPU (compute capability {cc[0]}.{cc[1]})"
+    gpu = cuda.device_info(0)
+    try:
+        check_manifest(engine_manifest, trt.load().describe(), gpu.compute_capability, gpu.name)
+    except ManifestMismatchError as e:
+        return str(e)
     return None
 
 
