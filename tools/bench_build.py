@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 STEPS = (
     ("export (FP32 ONNX, verified)", ["export"], "a"),
@@ -54,9 +53,9 @@ def emit(text: str, append: str | None) -> None:
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    from trt_seer.bench import cpu_name
+
+    return f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def main(argv=None) -> int:

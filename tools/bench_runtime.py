@@ -26,6 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from trt_seer.bench import cpu_name  # noqa: E402
 from trt_seer.runtime import cuda, load, tensorrt_unavailable_reason  # noqa: E402
 
 
@@ -183,14 +184,6 @@ def artifacts(args) -> tuple[list[Path], list[Path], Path | None]:
         ckpt = (record.get("source") or {}).get("checkpoint")
         checkpoint = Path(ckpt) if ckpt and Path(ckpt).is_dir() else None
     return [e for e in engines if e.is_file()], [o for o in onnx if o.is_file()], checkpoint
-
-
-def cpu_name() -> str:
-    if Path("/proc/cpuinfo").is_file():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def machine() -> str:

@@ -290,7 +290,8 @@ class Host:
         return {"cpu": self.cpu, "cores": self.cores, "threads": threads, "gpu": self.gpu}
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what platform reports."""
     cpuinfo = Path("/proc/cpuinfo")  # Linux; platform.processor() names it elsewhere
     lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
     names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
@@ -339,7 +340,7 @@ def probe_host() -> Host:
     if flavor:
         versions[flavor["flavor"]] = flavor["version"]
     quant = {"fbgemm", "x86", "qnnpack", "onednn"} & set(torch.backends.quantized.supported_engines)
-    return Host(_cpu_name(), os.cpu_count() or 1, torch_gpu or engine_gpu, torch_reason, bf16, bool(quant),
+    return Host(cpu_name(), os.cpu_count() or 1, torch_gpu or engine_gpu, torch_reason, bf16, bool(quant),
                 versions.get("onnxruntime"), flavor, engine_reason, versions)
 
 
