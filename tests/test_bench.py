@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from tiny import make_tiny_checkpoint
-from trt_seer import bench, manifest
+from trt_seer import bench
+from trt_seer.engine import manifest
 from trt_seer.errors import InputError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -8,9 +8,10 @@ import sys
 import pytest
 
 from tiny import make_tiny_checkpoint
-from trt_seer import manifest, trt
-from trt_seer.build import BuildSpec, cache_key
-from trt_seer.families import ShapeProfile
+from trt_seer.engine import manifest
+from trt_seer.engine import trt
+from trt_seer.engine.build import BuildSpec, cache_key
+from trt_seer.export.families import ShapeProfile
 
 pytestmark = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
 

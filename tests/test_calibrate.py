@@ -1,4 +1,4 @@
-"""Tests for trt_seer.calibrate: histograms, threshold methods, activation collection, caches."""
+"""Tests for trt_seer.quantize.calibrate: histograms, threshold methods, activation collection, caches."""
 from __future__ import annotations
 
 import gc
@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from trt_seer.calibrate import (ZERO_AMAX, CalibSpec, Histogram, amax_from_histogram,
+from trt_seer.quantize.calibrate import (ZERO_AMAX, CalibSpec, Histogram, amax_from_histogram,
                                 cache_version_tag, collect_ranges, entropy_bin, read_cache,
                                 scales_from_ranges, write_cache)
 from trt_seer.errors import InputError
@@ -345,9 +345,9 @@ def test_cache_version_tag_follows_nv_tensorrt_version():
 
 
 def test_legacy_calibrator_is_only_offered_where_tensorrt_has_it(tmp_path):
-    from trt_seer import trt
+    from trt_seer.engine import trt
     from trt_seer.errors import UnsupportedError
-    from trt_seer.legacy_calibrator import entropy_calibrator
+    from trt_seer.quantize.legacy_calibrator import entropy_calibrator
 
     if not trt.available():
         pytest.skip("no TensorRT flavor importable")

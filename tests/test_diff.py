@@ -12,11 +12,15 @@ import onnx
 import pytest
 from tiny import make_tiny_checkpoint
 
-from trt_seer import diff, evaluate, manifest, pipeline, trt
+from trt_seer import pipeline
+from trt_seer.eval import diff
+from trt_seer.eval import evaluate
+from trt_seer.engine import manifest
+from trt_seer.engine import trt
 from trt_seer.cli import main
 from trt_seer.errors import InputError
-from trt_seer.families import resolve_model
-from trt_seer.layers import first_jumps, layer_error_profile, most_sensitive
+from trt_seer.export.families import resolve_model
+from trt_seer.quantize.layers import first_jumps, layer_error_profile, most_sensitive
 from trt_seer.runtime import cuda
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -262,8 +266,8 @@ def test_tolerance_overrides():
 @pytest.fixture(scope="module")
 def tiny_engine(tiny):
     """A real TensorRT(-RTX) FP16 engine + manifest for the tiny model (the builder runs on CPU)."""
-    from trt_seer.build import BuildSpec
-    from trt_seer.families import ShapeProfile
+    from trt_seer.engine.build import BuildSpec
+    from trt_seer.export.families import ShapeProfile
 
     if not trt.available():
         pytest.skip("no TensorRT / TensorRT-RTX importable to build an engine")

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 from tiny import HIDDEN, NUM_LABELS, VOCAB
 
-from trt_seer import export, files, onnxio
+from trt_seer import files
+from trt_seer.export import checkpoint as export
+from trt_seer.export import onnxio
 from trt_seer.errors import ExportMismatchError, InputError, UnsupportedError
-from trt_seer.families import FAMILIES, TASKS, resolve_model
+from trt_seer.export.families import FAMILIES, TASKS, resolve_model
 
 CASES = [(model_type, task) for model_type, spec in FAMILIES.items() for task in spec.tasks]
 FAST = {("bert", "feature-extraction"), ("distilbert", "text-classification")}  # < 10 s each

@@ -159,7 +159,7 @@ def grads_after(tmp: Path, model_dir: Path, micro_sizes: list[int]) -> dict:
     """Gradients after one optimizer step's backward over micro-batches of the given sizes."""
     import torch
 
-    from trt_seer.families import resolve_model
+    from trt_seer.export.families import resolve_model
     from trt_seer.finetune.distributed import Context
     from trt_seer.finetune.train import backward, make_trainer
 
@@ -354,7 +354,7 @@ def test_eval_label_unseen_in_training_is_refused(toy, tmp_path):
         finetune(spec(toy, toy / "bert", data=DataSpec(toy / "train.jsonl", tmp_path / "eval.jsonl")))
 
 
-@pytest.mark.skipif(not __import__("trt_seer.trt", fromlist=["available"]).available(),
+@pytest.mark.skipif(not __import__("trt_seer.engine.trt", fromlist=["available"]).available(),
                     reason="no TensorRT / TensorRT-RTX importable")
 def test_finetune_output_builds_an_fp16_engine(trained, tmp_path):
     """The whole seed pipeline: fine-tune (bf16, CPU) -> build --fp16 -> a real engine."""

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from tiny import make_tiny_checkpoint
-from trt_seer import calibrate, manifest, trt
+from trt_seer.quantize import calibrate
+from trt_seer.engine import manifest
+from trt_seer.engine import trt
 
 needs_trt = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
 

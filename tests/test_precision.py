@@ -4,10 +4,10 @@ import onnx
 import pytest
 
 from tiny import make_tiny_checkpoint
-from trt_seer import evaluate
-from trt_seer.export import onnx_from_checkpoint
-from trt_seer.families import resolve_model
-from trt_seer.precision import FLOAT, FLOAT16, fp16_from_onnx
+from trt_seer.eval import evaluate
+from trt_seer.export.checkpoint import onnx_from_checkpoint
+from trt_seer.export.families import resolve_model
+from trt_seer.export.precision import FLOAT, FLOAT16, fp16_from_onnx
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,11 @@ import pytest
 from onnx import numpy_helper
 
 from tiny import make_tiny_checkpoint
-from trt_seer import evaluate, quantize
-from trt_seer.export import onnx_from_checkpoint
-from trt_seer.families import resolve_model
-from trt_seer.precision import fp16_from_onnx
+from trt_seer.eval import evaluate
+from trt_seer.quantize import qdq as quantize
+from trt_seer.export.checkpoint import onnx_from_checkpoint
+from trt_seer.export.families import resolve_model
+from trt_seer.export.precision import fp16_from_onnx
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import warnings
 import numpy as np
 import pytest
 
-from trt_seer import manifest, onnxio
+from trt_seer.engine import manifest
+from trt_seer.export import onnxio
 from trt_seer.errors import DependencyError, InputError, ManifestMismatchError
 from trt_seer.runtime import load, onnx_sibling, tensorrt_unavailable_reason
 from trt_seer.runtime.engine import check_manifest, runtime_cache_path

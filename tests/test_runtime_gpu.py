@@ -12,7 +12,8 @@ import threading
 import numpy as np
 import pytest
 
-from trt_seer import manifest, trt
+from trt_seer.engine import manifest
+from trt_seer.engine import trt
 from trt_seer.errors import CudaError, DependencyError, InputError, ManifestMismatchError
 from trt_seer.runtime import cuda, load, tensorrt_unavailable_reason
 from trt_seer.runtime.engine import TensorRTModel
@@ -136,8 +137,8 @@ def engines(tmp_path_factory):
 
 
 def feeds_for(ckpt, batch, seq, seed=0):
-    from trt_seer.export import sample_inputs
-    from trt_seer.families import resolve_model
+    from trt_seer.export.checkpoint import sample_inputs
+    from trt_seer.export.families import resolve_model
 
     return sample_inputs(resolve_model(ckpt), batch, seq, seed=seed)
 
@@ -151,8 +152,8 @@ def assert_close(got, want, rtol, what):
 @needs_trt
 @pytest.mark.parametrize("precision,rtol", [("fp32", 2e-3), ("fp16", 2e-2)])
 def test_engine_matches_onnxruntime_and_pytorch(engines, precision, rtol):
-    from trt_seer.export import load_model, torch_outputs, wrap
-    from trt_seer.families import resolve_model
+    from trt_seer.export.checkpoint import load_model, torch_outputs, wrap
+    from trt_seer.export.families import resolve_model
 
     ckpt, out = engines
     info = resolve_model(ckpt)
@@ -328,7 +329,7 @@ def test_infer_async_on_a_callers_stream_and_dropped_pendings(engines):
 
 @needs_trt
 def test_runtime_cache_is_written_beside_the_engine_and_reused(engines, tmp_path):
-    from trt_seer import trt
+    from trt_seer.engine import trt
 
     if not trt.load().has_runtime_cache:
         pytest.skip(f"{trt.load().name} has no runtime cache")

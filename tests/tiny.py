@@ -2,11 +2,11 @@
 
     from tiny import make_tiny_checkpoint          # tests/ is on sys.path under pytest
     ckpt = make_tiny_checkpoint("llama", "causal-lm", tmp_path / "llama")
-    info = trt_seer.families.resolve_model(ckpt)   # task inferred from `architectures`
+    info = trt_seer.export.families.resolve_model(ckpt)   # task inferred from `architectures`
 
 Stable API (build, export and finetune tests rely on it):
     make_tiny_checkpoint(model_type, task, dest, *, seed=0, **overrides) -> Path
-    MODEL_TYPES   every model_type trt_seer.families supports
+    MODEL_TYPES   every model_type trt_seer.export.families supports
     HIDDEN, VOCAB, NUM_LABELS, ...   the sizes used, for asserting output shapes
     tiny_config_kwargs(model_type) -> dict   the config keywords used, before overrides
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trt_seer.families import FAMILIES, TASKS
+from trt_seer.export.families import FAMILIES, TASKS
 
 MODEL_TYPES = tuple(FAMILIES)
 
@@ -66,8 +66,8 @@ def make_tiny_checkpoint(model_type: str, task: str, dest: Path, *, seed: int = 
     """Saves a random-initialised checkpoint of `model_type` for `task` into `dest`; returns `dest`.
 
     Args:
-        model_type: a key of `trt_seer.families.FAMILIES` ("bert", "llama", ...).
-        task: a key of `trt_seer.families.TASKS`; picks the auto class (and so `architectures`).
+        model_type: a key of `trt_seer.export.families.FAMILIES` ("bert", "llama", ...).
+        task: a key of `trt_seer.export.families.TASKS`; picks the auto class (and so `architectures`).
         dest: directory to create (parents too); existing files in it are overwritten.
         seed: torch seed for the weights; different seeds give different weights, same config.
         overrides: config keywords applied last, e.g. `num_labels=5` or `num_hidden_layers=1`.

@@ -88,7 +88,7 @@ def supported_precisions(requested: str | None, cuda: bool) -> list[str]:
 
 
 def tokenizer_dir() -> Path:
-    from trt_seer.families import default_checkpoint
+    from trt_seer.export.families import default_checkpoint
 
     return default_checkpoint()
 

@@ -24,8 +24,11 @@ from bench_build import emit, machine, stage_table, timed  # noqa: E402
 CALIBRATE = """
 import sys, itertools
 from pathlib import Path
-from trt_seer import calibrate, data, onnxio, quantize
-from trt_seer.families import ShapeProfile, resolve_model
+from trt_seer import data
+from trt_seer.quantize import calibrate
+from trt_seer.export import onnxio
+from trt_seer.quantize import qdq as quantize
+from trt_seer.export.families import ShapeProfile, resolve_model
 info, onnx_path, n = resolve_model(None), Path(sys.argv[1]), int(sys.argv[2])
 texts = list(itertools.islice(itertools.cycle(data.load_texts(data.default_corpus())), n))
 batches = data.token_batches(info, texts, ShapeProfile(), 32)  # a generator: streamed

@@ -118,8 +118,8 @@ def torch_models(checkpoint: Path):
     """The checkpoint as FP32 and dynamically quantized INT8 torch modules (same outputs as ONNX)."""
     import torch
 
-    from trt_seer.export import load_model, wrap
-    from trt_seer.families import resolve_model
+    from trt_seer.export.checkpoint import load_model, wrap
+    from trt_seer.export.families import resolve_model
 
     info = resolve_model(checkpoint)
     fp32 = wrap(load_model(info), info)
@@ -178,7 +178,7 @@ def artifacts(args) -> tuple[list[Path], list[Path], Path | None]:
     onnx = [d / f"{args.name}.{p}.onnx" for p in ("fp32", "fp16", "int8")]
     checkpoint = None
     if not args.no_torch:
-        from trt_seer import manifest
+        from trt_seer.engine import manifest
 
         record = manifest.read_if_exists(manifest.record_path(d / f"{args.name}.fp32.onnx")) or {}
         ckpt = (record.get("source") or {}).get("checkpoint")

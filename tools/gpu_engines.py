@@ -18,11 +18,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trt_seer import data, manifest, trt
-from trt_seer.evaluate import EvalSpec, eval_batches
-from trt_seer.export import load_model, wrap
-from trt_seer.families import resolve_model
-from trt_seer.metrics import embedding_metrics
+from trt_seer import data
+from trt_seer.engine import manifest
+from trt_seer.engine import trt
+from trt_seer.eval.evaluate import EvalSpec, eval_batches
+from trt_seer.export.checkpoint import load_model, wrap
+from trt_seer.export.families import resolve_model
+from trt_seer.eval.metrics import embedding_metrics
 
 BATCHES = (1, 8, 32)
 SEQ = 128

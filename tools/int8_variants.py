@@ -21,12 +21,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_engines as ge  # noqa: E402
 
-from trt_seer import manifest, onnxio, trt  # noqa: E402
-from trt_seer.build import BuildSpec, engine_from_onnx  # noqa: E402
-from trt_seer.evaluate import EvalSpec, eval_batches  # noqa: E402
-from trt_seer.export import load_model, wrap  # noqa: E402
-from trt_seer.families import ShapeProfile, resolve_model  # noqa: E402
-from trt_seer.metrics import embedding_metrics  # noqa: E402
+from trt_seer.engine import manifest  # noqa: E402
+from trt_seer.export import onnxio  # noqa: E402
+from trt_seer.engine import trt  # noqa: E402
+from trt_seer.engine.build import BuildSpec, engine_from_onnx  # noqa: E402
+from trt_seer.eval.evaluate import EvalSpec, eval_batches  # noqa: E402
+from trt_seer.export.checkpoint import load_model, wrap  # noqa: E402
+from trt_seer.export.families import ShapeProfile, resolve_model  # noqa: E402
+from trt_seer.eval.metrics import embedding_metrics  # noqa: E402
 
 
 def weight_only(model):

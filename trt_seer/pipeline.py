@@ -6,8 +6,10 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from trt_seer import __version__, manifest, onnxio
-from trt_seer.families import ModelInfo
+from trt_seer import __version__
+from trt_seer.engine import manifest
+from trt_seer.export import onnxio
+from trt_seer.export.families import ModelInfo
 from trt_seer.files import sha256_file, sha256_json
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ def write_record(artifact: Path, record: dict) -> dict:
 
 def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
     """Stage 1: the verified FP32 ONNX and its record."""
-    from trt_seer.export import OPSET
+    from trt_seer.export.checkpoint import OPSET
 
     dest = art.path("fp32.onnx")
     source = checkpoint_fingerprint(info)
@@ -73,7 +75,7 @@ def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
     if record:
         log.info("fp32 ONNX up to date: %s", dest)
         return record
-    from trt_seer.export import onnx_from_checkpoint
+    from trt_seer.export.checkpoint import onnx_from_checkpoint
 
     log.info("exporting %s (%s, %s) to ONNX ...", info.name, info.model_type, info.task)
     report = onnx_from_checkpoint(info, dest)
@@ -89,7 +91,7 @@ def _fmt_verification(report: dict) -> str:
 
 def fp16_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = False) -> dict:
     """Stage 2: the FP16-typed ONNX, with its accuracy against FP32 on held-out data."""
-    from trt_seer.precision import KEEP_FP32_OPS
+    from trt_seer.export.precision import KEEP_FP32_OPS
 
     src, dest = art.path("fp32.onnx"), art.path("fp16.onnx")
     key = sha256_json({"fp32": fp32["sha256"], "keep": sorted(KEEP_FP32_OPS), "trt_seer": __version__})
@@ -97,8 +99,8 @@ def fp16_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = False) 
     if record:
         log.info("fp16 ONNX up to date: %s", dest)
         return record
-    from trt_seer.evaluate import compare_onnx, eval_batches
-    from trt_seer.precision import fp16_from_onnx
+    from trt_seer.eval.evaluate import compare_onnx, eval_batches
+    from trt_seer.export.precision import fp16_from_onnx
 
     log.info("converting to an FP16-typed graph ...")
     fp16_from_onnx(src, dest)
@@ -120,8 +122,8 @@ def _fmt_metrics(m: dict) -> str:
 
 def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tuple[dict, bool]:
     """Stage 3: the TensorRT engine + manifest. Returns (manifest, rebuilt)."""
-    from trt_seer import trt as trt_adapter
-    from trt_seer.build import cache_key, engine_from_onnx
+    from trt_seer.engine import trt as trt_adapter
+    from trt_seer.engine.build import cache_key, engine_from_onnx
 
     onnx_path = art.path(f"{onnx_record['precision']}.onnx")
     engine_path = art.path(f"{spec.precision}.engine")

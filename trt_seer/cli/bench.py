@@ -92,7 +92,7 @@ def spec_from_args(args):
 
 
 def run(args) -> int:
-    from trt_seer import benchreport
+    from trt_seer.bench import report as benchreport
     from trt_seer.bench import bench
     from trt_seer.files import ensure_out_dir
 

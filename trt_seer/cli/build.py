@@ -57,8 +57,8 @@ def precisions(args) -> list[str]:
 
 
 def build_spec(args, precision: str):
-    from trt_seer.build import BuildSpec
-    from trt_seer.families import ShapeProfile
+    from trt_seer.engine.build import BuildSpec
+    from trt_seer.export.families import ShapeProfile
 
     caps = tuple(c for c in args.compute_capability.split(",") if c)
     return BuildSpec(precision=precision, profile=ShapeProfile(tuple(args.batch), tuple(args.seq)),
@@ -67,17 +67,18 @@ def build_spec(args, precision: str):
 
 
 def run(args) -> int:
-    from trt_seer import pipeline, trt
-    from trt_seer.families import resolve_model
+    from trt_seer import pipeline
+    from trt_seer.engine import trt
+    from trt_seer.export.families import resolve_model
     from trt_seer.files import ensure_out_dir
 
     info = resolve_model(args.model, args.task)
     specs = [build_spec(args, p) for p in precisions(args)]  # validates targets before slow work
-    from trt_seer.families import check_profile
+    from trt_seer.export.families import check_profile
 
     check_profile(info, specs[0].profile)
     if "int8" in precisions(args):
-        from trt_seer import int8
+        from trt_seer.quantize import int8
 
         int8.check_args(args)
     out = ensure_out_dir(args.out)
@@ -97,7 +98,7 @@ def run(args) -> int:
 
 def _int8_benefit(art) -> None:
     """Says plainly when INT8 does not pay off against FP16 (sizes, and latency once `bench` ran)."""
-    from trt_seer import manifest
+    from trt_seer.engine import manifest
     from trt_seer.bench import int8_benefit_warning
 
     int8 = manifest.read_engine_manifest(manifest.engine_manifest_path(art.path("int8.engine")))
@@ -118,7 +119,7 @@ def _onnx_for(precision: str, info, art, fp32: dict, args) -> dict:
         return fp32
     if precision == "fp16":
         return pipeline.fp16_onnx(info, art, fp32, args.force)
-    from trt_seer import int8
+    from trt_seer.quantize import int8
 
     return int8.int8_onnx(info, art, fp32, args)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from trt_seer.families import TASKS
+from trt_seer.export.families import TASKS
 
 PRECISIONS = ("fp32", "fp16", "int8")
 

@@ -20,7 +20,7 @@ example:
 def add_parser(subparsers, common):
     import argparse
 
-    from trt_seer.families import TASKS
+    from trt_seer.export.families import TASKS
 
     p = subparsers.add_parser("diff", help="compare an engine or ONNX artifact with FP32, FP16 or PyTorch",
                               description=__doc__, epilog=EPILOG,
@@ -52,7 +52,7 @@ def add_parser(subparsers, common):
 
 
 def spec_from_args(args):
-    from trt_seer import diff
+    from trt_seer.eval import diff
 
     return diff.DiffSpec(
         against=args.against, samples=args.samples, data=Path(args.data) if args.data else None,
@@ -62,7 +62,7 @@ def spec_from_args(args):
 
 
 def run(args) -> int:
-    from trt_seer import diff
+    from trt_seer.eval import diff
 
     spec = spec_from_args(args)  # malformed options fail before any slow work
     result = diff.diff(diff.resolve_target(Path(args.artifact)), spec)

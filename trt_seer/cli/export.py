@@ -20,7 +20,7 @@ def add_parser(subparsers, common):
 
 def run(args) -> int:
     from trt_seer import pipeline
-    from trt_seer.families import resolve_model
+    from trt_seer.export.families import resolve_model
     from trt_seer.files import ensure_out_dir
 
     info = resolve_model(args.model, args.task)

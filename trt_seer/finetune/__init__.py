@@ -42,7 +42,7 @@ def finetune(spec: FinetuneSpec) -> Path:
 
 
 def _run(spec: FinetuneSpec, ctx) -> Path:
-    from trt_seer.families import resolve_model
+    from trt_seer.export.families import resolve_model
     from trt_seer.finetune import checkpoint, distributed
     from trt_seer.finetune.data import encode, load_dataset
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from trt_seer import __version__
 from trt_seer.errors import InputError
-from trt_seer.families import ModelInfo
+from trt_seer.export.families import ModelInfo
 from trt_seer.files import atomic_write_json
 
 TRAINING_FILE = "training.json"

@@ -35,7 +35,7 @@ def onnx_sibling(engine_path: Path) -> Path:
 def tensorrt_unavailable_reason(device: int = 0) -> str | None:
     """None when a TensorRT flavor imports and runs engines on CUDA GPU `device`; else why not.
     TensorRT itself decides: a one-layer engine is built and deserialized once per process."""
-    from trt_seer import trt
+    from trt_seer.engine import trt
     from trt_seer.runtime import cuda
 
     try:
@@ -50,7 +50,7 @@ def tensorrt_unavailable_reason(device: int = 0) -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def _probe_engine(flavor, device: int) -> str | None:
-    from trt_seer import trt
+    from trt_seer.engine import trt
     from trt_seer.runtime import cuda
 
     t, logger = flavor.trt, trt.logger(flavor)

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer import manifest as manifest_io
-from trt_seer import trt as trt_adapter
+from trt_seer.engine import manifest as manifest_io
+from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import CudaError, DependencyError, InputError, ManifestMismatchError, TrtSeerError, \
     UnsupportedError
 from trt_seer.files import atomic_write_bytes

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trt_seer import manifest as manifest_io
+from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, ManifestMismatchError, UnsupportedError
 from trt_seer.runtime.base import Completed, Model
 from trt_seer.runtime.io import IOSpec, dtype_name, specs_from_description, validate_feeds

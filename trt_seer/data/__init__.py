@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from trt_seer.errors import InputError
-from trt_seer.families import ModelInfo, ShapeProfile
+from trt_seer.export.families import ModelInfo, ShapeProfile
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def default_corpus(split: str = "default") -> Path:

@@ -309,7 +309,8 @@ def _torch_gpu() -> tuple[str | None, str | None, bool]:
 
 def _engine_facts() -> tuple[dict | None, str | None, str | None]:
     """(TensorRT flavor, GPU name as cuda-python sees it, why engines cannot run here or None)."""
-    from trt_seer import runtime, trt
+    from trt_seer import runtime
+    from trt_seer.engine import trt
     from trt_seer.runtime import cuda
 
     flavor = trt.load().describe() if trt.available() else None
@@ -412,7 +413,7 @@ class Planned:
 
 
 def _engine_profile(artifact: Path) -> dict | None:
-    from trt_seer import manifest
+    from trt_seer.engine import manifest
 
     data = manifest.read_if_exists(manifest.engine_manifest_path(artifact))
     return (data or {}).get("profiles", [None])[0]
@@ -473,7 +474,7 @@ def run_worker(job: dict, bar) -> dict:
     out = Path(job["out"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.json").write_text(json.dumps(job))
-    code = "import sys; from trt_seer.benchworker import main; sys.exit(main(sys.argv[1]))"
+    code = "import sys; from trt_seer.bench.worker import main; sys.exit(main(sys.argv[1]))"
     with open(out / "stderr.txt", "w") as err:
         proc = subprocess.Popen([sys.executable, "-c", code, str(out / "job.json")], stdout=subprocess.PIPE,
                                 stderr=err, text=True)
@@ -499,7 +500,7 @@ def _eval_outputs(out: Path):
 
 
 def _accuracy(task: str, ref: dict | None, cand: dict | None) -> dict | None:
-    from trt_seer.metrics import task_metrics
+    from trt_seer.eval.metrics import task_metrics
 
     if ref is None or cand is None:
         return None
@@ -605,7 +606,7 @@ def assemble(spec: BenchSpec, info, host: Host, planned: list[Planned], results:
     rows = [_row(p, results.get(p.path.key), spec) for p in planned]
     _add_accuracy(rows, outputs, info.task, _reference_status(results, outputs))
     machine = host.machine(spec.threads)
-    from trt_seer.benchworker import inputs_description
+    from trt_seer.bench.worker import inputs_description
 
     inputs = inputs_description(info)
     return {
@@ -626,7 +627,7 @@ def assemble(spec: BenchSpec, info, host: Host, planned: list[Planned], results:
 
 def record_in_manifests(report: dict) -> list[Path]:
     """Writes each artifact's results under `bench` in its engine manifest / ONNX record."""
-    from trt_seer import manifest
+    from trt_seer.engine import manifest
 
     written = []
     for row in report["rows"]:
@@ -671,7 +672,7 @@ def random_checkpoint(config_name: str, dest: Path) -> Path:
 def _copy_tokenizer(dest: Path, vocab_size: int) -> None:
     import shutil
 
-    from trt_seer.families import default_checkpoint
+    from trt_seer.export.families import default_checkpoint
 
     try:
         src = default_checkpoint()
@@ -689,7 +690,7 @@ def _copy_tokenizer(dest: Path, vocab_size: int) -> None:
 @contextlib.contextmanager
 def model_info(spec: BenchSpec):
     """The ModelInfo to benchmark: a checkpoint, or a random-init model saved to a temp dir."""
-    from trt_seer.families import resolve_model
+    from trt_seer.export.families import resolve_model
 
     if spec.model_config is None:
         yield resolve_model(spec.model, spec.task)

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer import __version__, data, manifest, onnxio, pipeline
+from trt_seer import __version__, data, pipeline
+from trt_seer.engine import manifest
+from trt_seer.export import onnxio
 from trt_seer.errors import AccuracyGateError, InputError
-from trt_seer.families import ModelInfo, ShapeProfile
+from trt_seer.export.families import ModelInfo, ShapeProfile
 from trt_seer.files import sha256_file, sha256_json
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ class CalibData:
     def reference(self, fp32_path: Path) -> list:
         """FP32 outputs on the held-out feeds, computed once for every gate evaluation."""
         if self._reference is None:
-            from trt_seer.evaluate import run_batches, session
+            from trt_seer.eval.evaluate import run_batches, session
 
             self._reference = run_batches(session(fp32_path), self.heldout)
         return self._reference
@@ -108,7 +110,7 @@ def cache_path(info: ModelInfo, args) -> Path:
 
 def _ranges(fp32_path: Path, tensors: dict, cd: CalibData, args) -> dict[str, float]:
     """amax per activation tensor: from a seed cache (--from-cache) or by calibration."""
-    from trt_seer import calibrate
+    from trt_seer.quantize import calibrate
 
     names = sorted(set(tensors.values()))
     seed = getattr(args, "from_cache", None)
@@ -125,7 +127,8 @@ def _ranges(fp32_path: Path, tensors: dict, cd: CalibData, args) -> dict[str, fl
 
 
 def _write_cache(path: Path, amax: dict[str, float]) -> None:
-    from trt_seer import calibrate, trt
+    from trt_seer.quantize import calibrate
+    from trt_seer.engine import trt
 
     v = trt.load().version if trt.available() else None
     tag = calibrate.cache_version_tag(v.major, v.minor, v.micro) if v else "0"
@@ -136,7 +139,7 @@ def _write_cache(path: Path, amax: dict[str, float]) -> None:
 def resolve_mode(args) -> str:
     """`--int8-mode auto`: weight-only under TensorRT-RTX (the only INT8 GEMM it runs; W8A8 engines
     gave NaN there, docs/BENCHMARKS.md), W8A8 under full TensorRT."""
-    from trt_seer import trt
+    from trt_seer.engine import trt
 
     mode = getattr(args, "int8_mode", "auto")
     if mode != "auto":
@@ -147,7 +150,7 @@ def resolve_mode(args) -> str:
 def _quantized(fp16_path: Path, dest: Path, amax_by_input: dict, exclude: frozenset, task: str, attention: bool,
                weight_only: bool = False) -> int:
     """Writes the Q/DQ graph with `exclude` kept in FP16; returns how many GEMMs are INT8."""
-    from trt_seer import quantize
+    from trt_seer.quantize import qdq as quantize
 
     model = onnxio.load(fp16_path)
     targets = quantize.find_targets(model, quantize.QuantSpec(attention, exclude, weight_only), task)
@@ -167,7 +170,7 @@ def _gate_table(rows: list[tuple[str, dict, list[str]]]) -> str:
 
 def check_args(args) -> None:
     """Fails fast (before any export) on unusable calibration data or a malformed seed cache."""
-    from trt_seer import calibrate
+    from trt_seer.quantize import calibrate
 
     src = Path(args.calib) if args.calib is not None else None
     if src is not None and src.is_dir():
@@ -227,7 +230,7 @@ def _gated(write, evaluate, gate: Gate, task: str, rank) -> tuple[frozenset, dic
 
 
 def _rank(fp32_path: Path, cand: Path, batches: list, nodes: list[str]) -> list[str]:
-    from trt_seer import layers
+    from trt_seer.quantize import layers
 
     profile_rows = layers.layer_error_profile(fp32_path, cand, batches[:4], nodes)
     return [r["node"] for r in sorted(profile_rows, key=lambda r: -r["added_error"])]
@@ -235,8 +238,8 @@ def _rank(fp32_path: Path, cand: Path, batches: list, nodes: list[str]) -> list[
 
 def _smoothed(fp32_path: Path, nodes: list[str], cd: CalibData, alpha: float, work: Path) -> tuple[Path, Path]:
     """SmoothQuant-rewritten FP32 and FP16 graphs in `work` (or the originals when alpha is 0)."""
-    from trt_seer import smooth
-    from trt_seer.precision import fp16_from_onnx
+    from trt_seer.quantize import smooth
+    from trt_seer.export.precision import fp16_from_onnx
 
     model = onnxio.load(fp32_path)
     xs = list(smooth.groups(model, nodes))
@@ -263,7 +266,9 @@ def int8_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, args) -> dic
 
 
 def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Gate, work: Path) -> dict:
-    from trt_seer import evaluate, layers, quantize
+    from trt_seer.eval import evaluate
+    from trt_seer.quantize import layers
+    from trt_seer.quantize import qdq as quantize
 
     fp32_path, dest = art.path("fp32.onnx"), art.path("int8.onnx")
     cd = load_calib_data(info, args, ShapeProfile(tuple(args.batch), tuple(args.seq)))
@@ -304,7 +309,8 @@ def _cpu_int8(info: ModelInfo, art: pipeline.Artifacts, cd: CalibData, gate: Gat
     """The CPU backend's own INT8 artifact (`<name>.int8.cpu.onnx`): ONNX Runtime's dynamic INT8
     MatMuls (per-channel weights), which its CPU kernels run faster than FP32, unlike TensorRT-style
     S8 Q/DQ graphs. Gated the same way; returns its section of the INT8 record."""
-    from trt_seer import evaluate, quantize
+    from trt_seer.eval import evaluate
+    from trt_seer.quantize import qdq as quantize
 
     fp32_path, dest = art.path("fp32.onnx"), art.path("int8.cpu.onnx")
     log.info("writing the CPU INT8 graph (ONNX Runtime dynamic quantization) ...")

@@ -1,7 +1,7 @@
 """Checkpoint -> verified FP32 ONNX.
 
-    from trt_seer.families import resolve_model
-    from trt_seer.export import onnx_from_checkpoint
+    from trt_seer.export.families import resolve_model
+    from trt_seer.export.checkpoint import onnx_from_checkpoint
     onnx_from_checkpoint(resolve_model("my-ckpt/"), Path("engines/my.fp32.onnx"))
 
 Uses torch.onnx.export(dynamo=True): the TorchScript exporter produced a silently wrong MiniLM graph
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer import onnxio
+from trt_seer.export import onnxio
 from trt_seer.errors import ExportMismatchError, UnsupportedError
-from trt_seer.families import TASKS, ModelInfo
+from trt_seer.export.families import TASKS, ModelInfo
 
 OPSET = 18
 TRACE_SHAPE = (2, 16)  # (batch, seq) used for tracing

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer import onnxio
+from trt_seer.export import onnxio
 
 S_MIN, S_MAX = 1e-4, 1e4
 
@@ -35,7 +35,7 @@ def channel_absmax(onnx_path: Path, batches, tensors: list[str]) -> dict[str, np
 
     import onnx
 
-    from trt_seer.evaluate import session
+    from trt_seer.eval.evaluate import session
 
     model = onnxio.load(onnx_path)
     model.graph.output.extend(onnx.ValueInfoProto(name=t) for t in tensors)

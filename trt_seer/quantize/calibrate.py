@@ -1,6 +1,6 @@
 """Batches + ONNX -> per-tensor INT8 activation ranges (amax), the way TensorRT calibrates.
 
-    from trt_seer.calibrate import CalibSpec, collect_ranges, scales_from_ranges, write_cache
+    from trt_seer.quantize.calibrate import CalibSpec, collect_ranges, scales_from_ranges, write_cache
     amax = collect_ranges(Path("m.fp32.onnx"), batches, ["/encoder/layer.0/Add_output_0"])
     write_cache(Path("m.calib"), scales_from_ranges(amax), cache_version_tag(10, 1, 0))
 
@@ -24,7 +24,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from trt_seer import onnxio
+from trt_seer.export import onnxio
 from trt_seer.errors import InputError
 from trt_seer.files import atomic_write_text
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer import onnxio
+from trt_seer.export import onnxio
 from trt_seer.errors import UnsupportedError
 
 FLOAT, FLOAT16 = 1, 10

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer import manifest, onnxio
-from trt_seer import trt as trt_adapter
+from trt_seer.engine import manifest
+from trt_seer.export import onnxio
+from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import BuildError
-from trt_seer.families import ShapeProfile
+from trt_seer.export.families import ShapeProfile
 from trt_seer.files import atomic_write_bytes, sha256_file, sha256_json
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ Polygraphy: ONNX Runtime on CPU, TensorRT(-RTX) where it runs on a GPU, PyTorch 
 
     python -m trt_seer diff engines/all-MiniLM-L6-v2.fp16.manifest.json --against fp32 --report out/
 
-    from trt_seer.diff import DiffSpec, diff, resolve_target
+    from trt_seer.eval.diff import DiffSpec, diff, resolve_target
     result = diff(resolve_target(Path("engines/all-MiniLM-L6-v2.fp16.onnx.json")), DiffSpec())
 
 Gates by the candidate's precision: FP32 elementwise (atol = rtol = 1e-4); FP16 elementwise
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer import manifest
+from trt_seer.engine import manifest
 from trt_seer.errors import DependencyError, InputError
 
 PRECISIONS = ("fp32", "fp16", "int8")  # most to least precise
@@ -139,7 +139,7 @@ def resolve_target(path: Path) -> Target:
 
 def model_info(target: Target, spec: DiffSpec):
     """The checkpoint (for PyTorch and the tokenizer) and the task."""
-    from trt_seer.families import resolve_model
+    from trt_seer.export.families import resolve_model
 
     ckpt = spec.model or target.data.get("source", {}).get("checkpoint")
     if not ckpt:
@@ -203,7 +203,8 @@ def _engine_side(target: Target) -> Side:
 def engine_unavailable_reason(engine_manifest: dict) -> str | None:
     """Why this engine cannot run here, or None: the runtime's own answers (TensorRT importable
     and driving GPU 0, then the manifest's flavor, release and targets against them)."""
-    from trt_seer import runtime, trt
+    from trt_seer import runtime
+    from trt_seer.engine import trt
     from trt_seer.errors import ManifestMismatchError
     from trt_seer.runtime import cuda
     from trt_seer.runtime.engine import check_manifest
@@ -228,7 +229,7 @@ def torch_runner(info, name: str):
 
     class TorchRunner(BaseRunner):
         def activate_impl(self):
-            from trt_seer.export import load_model, wrap
+            from trt_seer.export.checkpoint import load_model, wrap
 
             self.module = wrap(load_model(info), info)
 
@@ -241,7 +242,7 @@ def torch_runner(info, name: str):
         def infer_impl(self, feed_dict):
             from collections import OrderedDict
 
-            from trt_seer.export import torch_outputs
+            from trt_seer.export.checkpoint import torch_outputs
 
             start = time.perf_counter()
             outs = torch_outputs(self.module, {n: feed_dict[n] for n in info.inputs})
@@ -256,7 +257,7 @@ def torch_runner(info, name: str):
 
 def trt_runner(side: Side):
     """Polygraphy's TensorRT runner; Polygraphy selects TensorRT-RTX by an environment variable."""
-    from trt_seer import trt
+    from trt_seer.engine import trt
 
     if trt.load().is_rtx:
         os.environ["POLYGRAPHY_USE_TENSORRT_RTX"] = "1"
@@ -297,7 +298,7 @@ def run_sides(sides: list[Side], info, batches: list[dict]):
 def eval_data(info, target: Target, spec: DiffSpec) -> list[dict]:
     """Held-out batches, within the engine's shape profile when the target is an engine."""
     from trt_seer import data
-    from trt_seer.evaluate import EvalSpec, eval_batches
+    from trt_seer.eval.evaluate import EvalSpec, eval_batches
 
     profile = (target.data.get("profiles") or [None])[0]
     if profile is None:
@@ -440,7 +441,7 @@ def _rows(arr: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
 
 def output_stats(name: str, refs: list, cands: list, batches: list[dict]) -> tuple[dict, np.ndarray]:
     """Errors of one output over all iterations (unmasked positions), and its log10 |error| histogram."""
-    from trt_seer.metrics import cosine_rows
+    from trt_seer.eval.metrics import cosine_rows
 
     cos, abs_err, rel_err = [], [], []
     for r, c, b in zip(refs, cands, batches):
@@ -456,7 +457,7 @@ def output_stats(name: str, refs: list, cands: list, batches: list[dict]) -> tup
 
 
 def task_gate(task: str, metrics: dict, precision: str) -> dict:
-    from trt_seer.int8 import Gate
+    from trt_seer.quantize.int8 import Gate
 
     gate = Gate()
     failures = gate.check(task, metrics)
@@ -466,7 +467,7 @@ def task_gate(task: str, metrics: dict, precision: str) -> dict:
 
 def compare(result: DiffResult, cand: Side, spec: DiffSpec) -> dict:
     """One candidate against the reference: per-output errors, the task metric and the verdict."""
-    from trt_seer.evaluate import compare_outputs
+    from trt_seer.eval.evaluate import compare_outputs
 
     ref = result.reference
     refs, cands = _iterations(result.run_results, ref.label), _iterations(result.run_results, cand.label)
@@ -504,7 +505,7 @@ def _layer_pair(result: DiffResult) -> tuple[tuple[Path, Path] | None, str | Non
 
 def profile_layers(result: DiffResult, spec: DiffSpec) -> None:
     """The per-layer error profile of the ONNX candidate (on by default for INT8)."""
-    from trt_seer.layers import layer_error_profile
+    from trt_seer.quantize.layers import layer_error_profile
 
     if not (spec.layers if spec.layers is not None else result.target.precision == "int8"):
         return
@@ -601,7 +602,7 @@ def format_table(result: DiffResult) -> str:
         for f in c["task_gate"]["failures"] if c["task_gate"]["gating"] else []:
             lines.append(f"{c['candidate']}: task gate failed: {f}")
     if result.layers:
-        from trt_seer.layers import first_jumps
+        from trt_seer.quantize.layers import first_jumps
 
         jumps = first_jumps(result.layers)
         lines.append("per-layer error: first jumps at " + (", ".join(
@@ -667,7 +668,7 @@ def _check_flags(c: dict, task: str) -> str:
 
 def reproduce_commands(result: DiffResult, out: Path) -> list[str]:
     """`polygraphy run` lines that rerun each candidate against the saved outputs, from `out`."""
-    from trt_seer import trt
+    from trt_seer.engine import trt
 
     cmds = []
     for side, c in zip(result.candidates, result.comparisons):
@@ -711,7 +712,7 @@ def plot_layers(result: DiffResult, out: Path) -> str | None:
     """layer_profile.png: relative error per MatMul/Gemm layer and the error each one adds."""
     if not result.layers:
         return None
-    from trt_seer.layers import first_jumps
+    from trt_seer.quantize.layers import first_jumps
 
     x = np.arange(len(result.layers))
     fig, ax = _figure(max(7.0, len(x) * 0.12), 4.0)
@@ -727,7 +728,7 @@ def plot_layers(result: DiffResult, out: Path) -> str | None:
 
 
 def report_json(result: DiffResult, files: dict, commands: list[str]) -> dict:
-    from trt_seer.layers import first_jumps
+    from trt_seer.quantize.layers import first_jumps
 
     t = result.target
     layers = None if result.layers is None else {

@@ -1,7 +1,7 @@
 """One benchmark path in its own Python process: load the model the path's way, time it per batch
 size, keep its held-out outputs for the accuracy column.
 
-    python -c "from trt_seer.benchworker import main; main('job.json')"   # what `bench` runs
+    python -c "from trt_seer.bench.worker import main; main('job.json')"   # what `bench` runs
 
 The job file names the path, model, artifact, batches and timing rules; the process prints
 `POINT` per finished point (the parent's progress bar) and writes result.json (or the one-line
@@ -124,7 +124,7 @@ def torch_runner(path: PathSpec, info) -> TorchRunner:
     """Loads the checkpoint fresh in this process, so `.half()` converts this copy only."""
     import torch
 
-    from trt_seer.export import load_model, wrap
+    from trt_seer.export.checkpoint import load_model, wrap
 
     model = load_model(info)
     if path.mode == "dynamic-int8":
@@ -147,7 +147,7 @@ def load_onnx(path: Path, threads: int | None):
 
 
 def artifact_bytes(path: Path) -> int:
-    from trt_seer.onnxio import data_path
+    from trt_seer.export.onnxio import data_path
 
     return sum(p.stat().st_size for p in (Path(path), data_path(path)) if p.is_file())
 
@@ -236,7 +236,7 @@ def timing_feeds(info, batch: int, seq: int) -> dict:
     """Exactly (batch, seq) feeds: held-out text (repeated if short of `batch` rows), truncated
     or right-padded to `seq`; random token ids for a model without a tokenizer."""
     from trt_seer import data
-    from trt_seer.export import sample_inputs
+    from trt_seer.export.checkpoint import sample_inputs
 
     if not data.has_tokenizer(info):
         return sample_inputs(info, batch, seq, seed=batch)
@@ -275,7 +275,7 @@ def _point(runner, info, job: dict, batch: int) -> dict:
 
 
 def _eval(runner, info, job: dict) -> dict:
-    from trt_seer.evaluate import EvalSpec, eval_batches, merge
+    from trt_seer.eval.evaluate import EvalSpec, eval_batches, merge
 
     spec = EvalSpec(samples=job["eval_samples"], batch=job["eval_batch"], max_seq=job["seq"])
     batches = eval_batches(info, spec)
@@ -286,7 +286,7 @@ def work(job: dict) -> dict:
     """Runs one path's timing points and held-out outputs; writes eval.npz into job["out"]."""
     import numpy as np
 
-    from trt_seer.families import resolve_model
+    from trt_seer.export.families import resolve_model
 
     info = resolve_model(job["model"], job["task"])
     path = PATH_BY_KEY[job["path"]]

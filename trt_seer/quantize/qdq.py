@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trt_seer.calibrate import INT8_MAX
+from trt_seer.quantize.calibrate import INT8_MAX
 from trt_seer.errors import InputError
 
 QDQ_OPSET = 19  # Quantize/DequantizeLinear with float16 scales
@@ -209,7 +209,7 @@ def ort_dynamic_int8(fp32_path, dest, exclude: frozenset = frozenset()):
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from trt_seer import onnxio
+    from trt_seer.export import onnxio
 
     root = logging.getLogger()
     level = root.level

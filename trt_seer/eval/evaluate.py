@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from trt_seer import data
-from trt_seer.export import sample_inputs
-from trt_seer.families import ModelInfo, ShapeProfile, max_positions
-from trt_seer.metrics import task_metrics
+from trt_seer.export.checkpoint import sample_inputs
+from trt_seer.export.families import ModelInfo, ShapeProfile, max_positions
+from trt_seer.eval.metrics import task_metrics
 
 
 @dataclass(frozen=True)
