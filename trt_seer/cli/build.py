@@ -63,7 +63,8 @@ def build_spec(args, precision: str):
     caps = tuple(c for c in args.compute_capability.split(",") if c)
     return BuildSpec(precision=precision, profile=ShapeProfile(tuple(args.batch), tuple(args.seq)),
                      workspace_mb=args.workspace_mb, opt_level=args.opt_level,
-                     hardware_compat=args.hardware_compat, compute_caps=caps, verbose=args.verbose)
+                     hardware_compat=args.hardware_compat, compute_caps=caps, verbose=args.verbose,
+                     max_total=getattr(args, "max_total", None))
 
 
 def run(args) -> int:

@@ -58,7 +58,11 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=int_triple, default=(1, 8, 32), metavar="MIN,OPT,MAX",
                    help="batch sizes of the optimization profile (default: 1,8,32)")
     g.add_argument("--seq", type=int_triple, default=(8, 128, 256), metavar="MIN,OPT,MAX",
-                   help="sequence lengths of the optimization profile (default: 8,128,256)")
+                   help="sequence lengths of the optimization profile (default: 8,128,256); for a "
+                        "causal LM, the prompt lengths")
+    g.add_argument("--max-total", type=int, default=None, metavar="N",
+                   help="causal LMs: the longest prompt + generated tokens an engine serves "
+                        "(default: 2 x the --seq max)")
 
 
 def add_output_args(p: argparse.ArgumentParser, default: str = "engines") -> None:

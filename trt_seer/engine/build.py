@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.engine import manifest
+from trt_seer.engine import manifest, profiles
 from trt_seer.export import onnxio
 from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import BuildError
@@ -32,6 +32,7 @@ class BuildSpec:
     opt_level: int = 3
     hardware_compat: str | None = None  # None | "ampere+" | "same-cc" (full TensorRT)
     compute_caps: tuple[str, ...] = ()  # TensorRT-RTX targets, e.g. ("7.5",)
+    max_total: int | None = None  # decoders: longest prompt + generated tokens (profiles.py)
     detailed: bool = False  # keep per-layer information for the engine inspector
     verbose: bool = False
 
@@ -40,6 +41,8 @@ class BuildSpec:
         d["profile"] = self.profile.to_dict()
         d["compute_caps"] = list(self.compute_caps)
         d.pop("verbose")
+        if d["max_total"] is None:  # encoders: keep the cache keys of earlier builds
+            d.pop("max_total")
         return d
 
 
@@ -59,20 +62,22 @@ def _parse(flavor, builder, onnx_path: Path):
     return network, parser
 
 
-def _profile(flavor, builder, network, profile: ShapeProfile):
-    p = builder.create_optimization_profile()
-    mins, opts, maxs = profile.shapes()
-    for i in range(network.num_inputs):
-        t = network.get_input(i)
-        if len(t.shape) != 2:
-            raise BuildError(f"input {t.name} has rank {len(t.shape)}; profiles cover (batch, seq) inputs")
-        p.set_shape(t.name, mins, opts, maxs)
-    return p
+def network_profiles(network, spec: BuildSpec) -> list[tuple[str, dict]]:
+    inputs = {t.name: tuple(t.shape) for t in (network.get_input(i) for i in range(network.num_inputs))}
+    return profiles.profiles_for(inputs, spec.profile, spec.max_total)
+
+
+def _add_profiles(builder, config, chosen: list[tuple[str, dict]]) -> None:
+    for _name, shapes in chosen:
+        p = builder.create_optimization_profile()
+        for tensor, (lo, opt, hi) in shapes.items():
+            p.set_shape(tensor, lo, opt, hi)
+        config.add_optimization_profile(p)
 
 
 def _config(flavor, builder, network, spec: BuildSpec, timing_cache: Path | None):
     config = builder.create_builder_config()
-    config.add_optimization_profile(_profile(flavor, builder, network, spec.profile))
+    _add_profiles(builder, config, network_profiles(network, spec))
     config.set_memory_pool_limit(flavor.trt.MemoryPoolType.WORKSPACE, spec.workspace_mb << 20)
     config.builder_optimization_level = spec.opt_level
     if spec.detailed:
@@ -122,6 +127,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
         "onnx": {"file": Path(onnx_path).name, "sha256": onnx_sha},
         "tensorrt": flavor.describe(), "targets": targets,
         "profiles": [spec.profile.to_dict()], "io": _io(flavor, network),
+        "optimization_profiles": profiles.describe(network_profiles(network, spec)),
         "build": {"key": cache_key(onnx_sha, spec, flavor), "settings": spec.settings(),
                   "seconds": round(seconds, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "timing_cache": str(timing_cache.name) if timing_cache and flavor.has_timing_cache else None},

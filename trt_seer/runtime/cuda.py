@@ -225,6 +225,17 @@ class HostDeviceBuffer(_Owned):
         super().close()
 
 
+class DeviceBuffer(_Owned):
+    """`nbytes` of device memory (cudaMalloc) with no host side: state that stays on the GPU,
+    such as a decoder's KV cache."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = int(nbytes)
+        ptr = cuda_call(cudart().cudaMalloc(max(self.nbytes, 1)), f"cudaMalloc({self.nbytes})")
+        self.device_ptr = int(ptr)
+        self._finalizer = weakref.finalize(self, _destroy, "cudaFree", self.device_ptr)
+
+
 def _destroy(fn_name: str, handle) -> None:
     cuda_call(getattr(cudart(), fn_name)(handle), fn_name)
 

@@ -226,7 +226,7 @@ class TensorRTModel(Model):
             raise InputError(f"engine not found: {self.path}")
         self.manifest = manifest_io.read_engine_manifest(manifest_io.engine_manifest_path(self.path))
         self.flavor = trt_adapter.load()
-        self.gpu = _open_device(options.device)
+        self.gpu = open_device(options.device)
         check_manifest(self.manifest, self.flavor.describe(), self.gpu.compute_capability, self.gpu.name)
         self._logger = trt_adapter.logger(self.flavor, options.verbose)
         self._runtime, self.engine = self._deserialize()
@@ -246,20 +246,7 @@ class TensorRTModel(Model):
     # --- loading -----------------------------------------------------------------------------
 
     def _deserialize(self):
-        blob = self.path.read_bytes()
-        expected = self.manifest["engine"].get("size_bytes")
-        if expected is not None and expected != len(blob):
-            raise ManifestMismatchError(f"{self.path.name} is {len(blob)} bytes but its manifest says {expected}: "
-                                        "the engine was replaced without its manifest; rebuild it")
-        runtime = self.flavor.trt.Runtime(self._logger)
-        engine = runtime.deserialize_cuda_engine(blob)
-        if engine is None:
-            why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
-            raise ManifestMismatchError(
-                f"{self.flavor.name} {self.flavor.version} could not load {self.path.name} on {self.gpu.name} "
-                f"(compute capability {self.gpu.major}.{self.gpu.minor}): {why}; rebuild it here with "
-                "python -m trt_seer build, or run the .onnx on CPU")
-        return runtime, engine
+        return deserialize(self.path, self.manifest, self.flavor, self.gpu, self._logger)
 
     def _resolve_cache_path(self) -> Path | None:
         if self.options.runtime_cache is None or not self.flavor.has_runtime_cache:
@@ -439,7 +426,26 @@ class TensorRTModel(Model):
         log.debug("saved runtime cache %s (%d bytes)", self._cache_path, len(blob))
 
 
-def _open_device(device: int) -> cuda.DeviceInfo:
+def deserialize(path: Path, manifest: dict, flavor, gpu: cuda.DeviceInfo, logger):
+    """(runtime, engine) from an engine file whose manifest was checked; ManifestMismatchError when
+    the file is not the one the manifest describes or TensorRT cannot load it on this GPU."""
+    blob = path.read_bytes()
+    expected = manifest["engine"].get("size_bytes")
+    if expected is not None and expected != len(blob):
+        raise ManifestMismatchError(f"{path.name} is {len(blob)} bytes but its manifest says {expected}: "
+                                    "the engine was replaced without its manifest; rebuild it")
+    runtime = flavor.trt.Runtime(logger)
+    engine = runtime.deserialize_cuda_engine(blob)
+    if engine is None:
+        why = logger.errors[-1].splitlines()[0] if logger.errors else "see the TensorRT log"
+        raise ManifestMismatchError(
+            f"{flavor.name} {flavor.version} could not load {path.name} on {gpu.name} "
+            f"(compute capability {gpu.major}.{gpu.minor}): {why}; rebuild it here with "
+            "python -m trt_seer build, or run the .onnx on CPU")
+    return runtime, engine
+
+
+def open_device(device: int) -> cuda.DeviceInfo:
     """Makes `device` current; DependencyError when there is no usable GPU."""
     reason = cuda.gpu_unavailable_reason(device)
     if reason is not None:

@@ -1,0 +1,175 @@
+"""TensorRT decoder engine -> `TensorRTDecoder`, the GPU `DecoderStep` for `runtime.generate`.
+
+    from trt_seer.runtime.decoder_trt import TensorRTDecoder
+    with TensorRTDecoder("engines/my-llm.int4.engine") as dec:
+        dec.reset(batch=2)
+        logits = dec.step(input_ids, attention_mask, position_ids)   # numpy in, [batch, vocab] out
+
+The KV cache never leaves the GPU. Each layer's key and value live in two device buffers sized for
+the engine's largest batch and total length; a step reads the cache from one (`past_key_values.*`)
+and the engine writes the grown cache into the other (`present.*`), so the roles swap every step
+and nothing is copied by the host. Only the step's token ids, mask and positions go up, and only
+the last position's logits come back. The engine has two optimization profiles (engine/profiles.py):
+`decode` (one token per row) and `prefill` (the prompt on an empty cache), one execution context each.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from trt_seer.engine import manifest as manifest_io
+from trt_seer.engine import trt as trt_adapter
+from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
+from trt_seer.runtime import cuda
+from trt_seer.runtime.engine import EngineOptions, check_manifest, deserialize, open_device
+
+SMALL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
+
+def _nbytes(shape, dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+class TensorRTDecoder:
+    """One decoder engine with its KV cache on the GPU; not thread-safe (one sequence batch)."""
+
+    backend = "tensorrt"
+
+    def __init__(self, path: str | Path, options: EngineOptions = EngineOptions()):
+        self.path, self.options = Path(path), options
+        if not self.path.is_file():
+            raise InputError(f"engine not found: {self.path}")
+        self.manifest = manifest_io.read_engine_manifest(manifest_io.engine_manifest_path(self.path))
+        self.decoder = self.manifest.get("decoder")
+        if not self.decoder:
+            raise InputError(f"{self.path.name} is not a decoder engine with a KV cache (no `decoder` "
+                             "section in its manifest); build it from a causal-lm checkpoint")
+        self.flavor = trt_adapter.load()
+        self.gpu = open_device(options.device)
+        check_manifest(self.manifest, self.flavor.describe(), self.gpu.compute_capability, self.gpu.name)
+        self._logger = trt_adapter.logger(self.flavor, options.verbose)
+        self._runtime, self.engine = deserialize(self.path, self.manifest, self.flavor, self.gpu, self._logger)
+        self.stream = cuda.Stream()
+        self._names()
+        self.max_batch = int(self.manifest["profiles"][0]["batch"][2])
+        self.max_total = int(self.decoder["max_total"])
+        self.max_prompt = int(self.decoder["max_prompt"])
+        self._contexts = [self._context(i) for i in range(self.engine.num_optimization_profiles)]
+        self._alloc()
+        self.batch, self.past = 0, 0
+        self.closed = False
+
+    # --- setup -------------------------------------------------------------------------------
+
+    def _names(self) -> None:
+        trt = self.flavor.trt
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.past_names = [n for n in names if n.startswith("past_key_values.")]
+        self.present_names = ["present." + n.removeprefix("past_key_values.") for n in self.past_names]
+        missing = [n for n in (*SMALL_INPUTS, "logits", *self.present_names) if n not in names]
+        if missing or not self.past_names:
+            raise InputError(f"{self.path.name} lacks the KV-cache I/O {missing or ['past_key_values.*']}: "
+                             "rebuild it from a causal-lm checkpoint exported with its cache")
+        self.kv_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(self.past_names[0])))
+        self.logits_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype("logits")))
+        shape = self.engine.get_tensor_shape(self.past_names[0])
+        self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
+        self.vocab = int(self.engine.get_tensor_shape("logits")[-1])
+
+    def _context(self, profile: int):
+        config = self.engine.create_runtime_config() if hasattr(self.engine, "create_runtime_config") else None
+        if config is not None and self.options.use_cuda_graph and hasattr(config, "cuda_graph_strategy"):
+            config.cuda_graph_strategy = self.flavor.trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+        ctx = (self.engine.create_execution_context(config) if config is not None
+               else self.engine.create_execution_context())
+        if ctx is None:
+            raise TrtSeerError(f"TensorRT could not create an execution context for {self.path.name}")
+        if profile and not ctx.set_optimization_profile_async(profile, int(self.stream.handle)):
+            raise TrtSeerError(f"TensorRT could not select optimization profile {profile} of {self.path.name}")
+        return ctx
+
+    def _alloc(self) -> None:
+        b, t = self.max_batch, self.max_total
+        kv_bytes = _nbytes((b, self.kv_heads, t, self.head_dim), self.kv_dtype)
+        self._kv = [[cuda.DeviceBuffer(kv_bytes) for _ in self.past_names] for _ in range(2)]
+        self._small = {n: cuda.HostDeviceBuffer(_nbytes((b, t), np.int64)) for n in SMALL_INPUTS}
+        self._logits = cuda.HostDeviceBuffer(_nbytes((b, 1, self.vocab), self.logits_dtype))
+        self._cur = 0
+        self.kv_cache_bytes = 2 * kv_bytes * len(self.past_names)
+
+    # --- running -----------------------------------------------------------------------------
+
+    def reset(self, batch: int) -> None:
+        """Starts a new batch of sequences on an empty cache."""
+        if not 1 <= batch <= self.max_batch:
+            raise InputError(f"batch {batch} is outside the engine's profile (1..{self.max_batch})")
+        self.batch, self.past, self._cur = int(batch), 0, 0
+
+    def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """Runs the new tokens on the cache; returns the last position's logits [batch, vocab] (float32)."""
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        seq = self._check(feeds)
+        ctx = self._contexts[0 if (seq == 1 and self.past > 0) or len(self._contexts) == 1 else 1]
+        stream = self.stream.handle
+        for name, value in feeds.items():
+            buf = self._small[name]
+            np.copyto(buf.host_view(value.shape, np.int64), value, casting="same_kind")
+            buf.h2d_async(stream, value.nbytes)
+            self._bind(ctx, name, value.shape, buf.device_ptr)
+        kv_shape = (self.batch, self.kv_heads, self.past, self.head_dim)
+        for i, (past, present) in enumerate(zip(self.past_names, self.present_names)):
+            self._bind(ctx, past, kv_shape, self._kv[self._cur][i].device_ptr)
+            ctx.set_tensor_address(present, self._kv[1 - self._cur][i].device_ptr)
+        ctx.set_tensor_address("logits", self._logits.device_ptr)
+        if not ctx.execute_async_v3(int(stream)):
+            why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
+            raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
+        self._logits.d2h_async(stream, _nbytes((self.batch, 1, self.vocab), self.logits_dtype))
+        self.stream.synchronize()
+        self._cur, self.past = 1 - self._cur, self.past + seq
+        logits = self._logits.host_view((self.batch, self.vocab), self.logits_dtype)
+        return logits.astype(np.float32, copy=True)
+
+    def _bind(self, ctx, name: str, shape, address: int) -> None:
+        if not ctx.set_input_shape(name, tuple(int(d) for d in shape)):
+            raise InputError(f"TensorRT rejected shape {list(shape)} for {name} of {self.path.name}")
+        ctx.set_tensor_address(name, address)
+
+    def _check(self, feeds: dict) -> int:
+        if not self.batch:
+            raise InputError("call reset(batch) before step()")
+        batch, seq = feeds["input_ids"].shape
+        if batch != self.batch or feeds["position_ids"].shape != (batch, seq):
+            raise InputError(f"step got input_ids {list(feeds['input_ids'].shape)} and position_ids "
+                             f"{list(feeds['position_ids'].shape)} for a batch of {self.batch}")
+        if feeds["attention_mask"].shape != (batch, self.past + seq):
+            raise InputError(f"attention_mask must be [{batch}, {self.past + seq}] (cache {self.past} + "
+                             f"{seq} new), got {list(feeds['attention_mask'].shape)}")
+        if self.past == 0 and seq > self.max_prompt:
+            raise InputError(f"prompt of {seq} tokens exceeds the engine's longest prompt ({self.max_prompt}); "
+                             "rebuild with a larger --seq max")
+        if self.past + seq > self.max_total:
+            raise InputError(f"sequence of {self.past + seq} tokens exceeds the engine's max total "
+                             f"({self.max_total}); rebuild with a larger --max-total")
+        if self.past > 0 and seq != 1 and len(self._contexts) > 1:
+            raise UnsupportedError("after the prompt, a decoder engine takes one token per row per step")
+        return seq
+
+    # --- closing -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.stream.synchronize()
+        self.closed = True
+        for buf in (*self._kv[0], *self._kv[1], *self._small.values(), self._logits):
+            buf.close()
+        self._contexts, self.engine, self._runtime = [], None, None
+        self.stream.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
