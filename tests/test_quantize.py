@@ -109,3 +109,17 @@ def test_quantize_weight_round_trip():
     assert q.dtype == np.int8 and scale.shape == (8,)
     assert np.abs(q).max() == 127
     assert np.max(np.abs(q * scale - w)) <= scale.max() / 2 + 1e-7
+
+
+def test_fp16_scales_never_underflow():
+    """A tiny amax gives a scale of at least FP16's smallest normal number, never 0 or subnormal,
+    and weights quantized against that floor still dequantize to within half a step."""
+    tiny = quantize.activation_scale(1e-9, np.float16)
+    assert tiny.dtype == np.float16 and float(tiny) == quantize.FP16_MIN_SCALE
+    assert float(quantize.activation_scale(1.0, np.float16)) == pytest.approx(1 / 127, rel=1e-3)
+    assert float(quantize.activation_scale(1e-9, np.float32)) == pytest.approx(1e-9 / 127)
+    w = np.random.default_rng(0).normal(0, 1e-5, (8, 4)).astype(np.float32)
+    q, scale = quantize.quantize_weight(w, 1, quantize.min_scale(np.float16))
+    s16 = scale.astype(np.float16).astype(np.float32)
+    assert (s16 >= quantize.FP16_MIN_SCALE).all()
+    assert np.abs(q * s16 - w).max() <= s16.max() / 2 + 1e-12

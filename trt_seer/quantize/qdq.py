@@ -97,12 +97,26 @@ def activation_tensors(model, targets: list[Target]) -> dict[tuple[str, int], st
     return {(t.node, i): nodes[t.node].input[i] for t in targets for i in t.activations}
 
 
-def quantize_weight(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-channel INT8: (int8 weights, float32 scales along `axis`)."""
+FP16_MIN_SCALE = 2.0**-14  # the smallest normal FP16 number: smaller scales go subnormal or to 0
+
+
+def min_scale(dtype) -> float:
+    """The smallest scale a Q/DQ pair stores in `dtype` without underflow (0 for float32)."""
+    return FP16_MIN_SCALE if np.dtype(dtype) == np.float16 else 0.0
+
+
+def activation_scale(amax: float, dtype) -> np.ndarray:
+    """amax / 127 as a `dtype` scalar, never 0 or subnormal (a zero scale divides by zero in Q)."""
+    return np.array(max(amax / INT8_MAX, min_scale(dtype), 1e-30), dtype=dtype)
+
+
+def quantize_weight(w: np.ndarray, axis: int, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-channel INT8: (int8 weights, float32 scales along `axis`), scales >= `floor`
+    (so that they survive the cast to the graph's scale type; see `min_scale`)."""
     w = w.astype(np.float32)
     reduce_axes = tuple(a for a in range(w.ndim) if a != axis)
     amax = np.abs(w).max(axis=reduce_axes)
-    scale = np.where(amax > 0, amax / INT8_MAX, 1.0).astype(np.float32)
+    scale = np.where(amax > 0, np.maximum(amax / INT8_MAX, floor), 1.0).astype(np.float32)
     shape = [1] * w.ndim
     shape[axis] = -1
     q = np.clip(np.rint(w / scale.reshape(shape)), -INT8_MAX, INT8_MAX).astype(np.int8)
@@ -126,7 +140,7 @@ class _Rewriter:
         return np.float16 if t is None or t.data_type == 10 else np.float32
 
     def activation_qdq(self, tensor: str, amax: float, dtype, tag: str) -> list:
-        scale = self.const(f"{tag}__scale", np.array(max(amax, 1e-8) / INT8_MAX, dtype=dtype))
+        scale = self.const(f"{tag}__scale", activation_scale(amax, dtype))
         zp = self.const(f"{tag}__zp", np.array(0, dtype=np.int8))
         q, dq = f"{tag}__q", f"{tag}__dq"
         return [self.helper.make_node("QuantizeLinear", [tensor, scale, zp], [q], name=f"{tag}_Q"),
@@ -137,7 +151,7 @@ class _Rewriter:
             return [], self.done_weights[name]
         t = self.inits[name]
         dtype = np.float16 if t.data_type == 10 else np.float32
-        q, scale = quantize_weight(self.nh.to_array(t), axis)
+        q, scale = quantize_weight(self.nh.to_array(t), axis, min_scale(dtype))
         qname = self.const(f"{name}__int8", q)
         sname = self.const(f"{name}__wscale", scale.astype(dtype))
         zname = self.const(f"{name}__wzp", np.zeros_like(q, shape=scale.shape))
