@@ -25,6 +25,7 @@ from trt_seer.runtime import cuda
 from trt_seer.runtime.engine import EngineOptions, check_manifest, deserialize, open_device
 
 SMALL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+SPECIALIZE = ("none", "lazy", "eager")
 
 
 def _nbytes(shape, dtype) -> int:
@@ -36,8 +37,13 @@ class TensorRTDecoder:
 
     backend = "tensorrt"
 
-    def __init__(self, path: str | Path, options: EngineOptions = EngineOptions()):
-        self.path, self.options = Path(path), options
+    def __init__(self, path: str | Path, options: EngineOptions = EngineOptions(), specialize: str = "none"):
+        """`specialize`: TensorRT-RTX's dynamic-shape kernel specialization ("lazy", "eager" or
+        "none"). The cache grows by one position per step, so every decode step is a new shape:
+        "lazy" keeps compiling kernels in the background for shapes seen once, hence "none"."""
+        if specialize not in SPECIALIZE:
+            raise InputError(f"specialize must be one of {', '.join(SPECIALIZE)}, got {specialize!r}")
+        self.path, self.options, self.specialize = Path(path), options, specialize
         if not self.path.is_file():
             raise InputError(f"engine not found: {self.path}")
         self.manifest = manifest_io.read_engine_manifest(manifest_io.engine_manifest_path(self.path))
@@ -81,6 +87,9 @@ class TensorRTDecoder:
         config = self.engine.create_runtime_config() if hasattr(self.engine, "create_runtime_config") else None
         if config is not None and self.options.use_cuda_graph and hasattr(config, "cuda_graph_strategy"):
             config.cuda_graph_strategy = self.flavor.trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+        strategy = getattr(self.flavor.trt, "DynamicShapesKernelSpecializationStrategy", None)
+        if config is not None and strategy is not None:
+            config.dynamic_shapes_kernel_specialization_strategy = getattr(strategy, self.specialize.upper())
         ctx = (self.engine.create_execution_context(config) if config is not None
                else self.engine.create_execution_context())
         if ctx is None:
