@@ -16,10 +16,10 @@ verdict "not verified", never "passed".
 """
 from __future__ import annotations
 
-from trt_seer.eval.compare import DEFAULT_TOLERANCES, Tolerance, compare, masked_results, parse_tolerance, \
-    profile_layers, tolerances
-from trt_seer.eval.plan import DiffSpec, Side, Target, default_against, engine_unavailable_reason, model_info, plan, \
-    resolve_target
+from trt_seer.eval.compare import (DEFAULT_TOLERANCES, Tolerance, compare, masked_results, parse_tolerance,
+                                   profile_layers, tolerances)
+from trt_seer.eval.plan import (DiffSpec, Side, Target, default_against, engine_unavailable_reason, model_info, plan,
+                                resolve_target)
 from trt_seer.eval.report import accuracy_summary, format_table, record_accuracy, write_report
 from trt_seer.eval.result import EXIT_CODES, FAILED, NOT_VERIFIED, PASSED, DiffResult, verdict
 from trt_seer.eval.runners import backend_name, eval_data, polygraphy_logs, run_sides

@@ -15,13 +15,14 @@ import numpy as np
 
 from trt_seer.engine import manifest
 from trt_seer.eval.compare import HIST_EDGES, MASK_SCRIPT, task_output
-from trt_seer.eval.result import DiffResult
+from trt_seer.eval.result import FAILED, NOT_VERIFIED, PASSED, DiffResult
 from trt_seer.eval.runners import polygraphy_logs
 
 MASK_SCRIPT_NAME = "mask_padding.py"
-VERDICT_TEXT = {"passed": "PASS", "failed": "FAIL", "not verified": "NOT VERIFIED"}
+VERDICT_TEXT = {PASSED: "PASS", FAILED: "FAIL", NOT_VERIFIED: "NOT VERIFIED"}
 
 
+# --- the table and the manifest summary --------------------------------------------------------
 
 def _cos(x: float) -> str:
     """Cosine with its distance from 1 readable: 0.998731, or 1-2.1e-08 when that close."""
@@ -76,7 +77,7 @@ def ran_lines(result: DiffResult) -> list[str]:
 def verdict_line(result: DiffResult) -> str:
     """'result: PASS' / 'result: FAIL' / 'result: NOT VERIFIED (1 comparison asked for did not run)'."""
     text = VERDICT_TEXT[result.verdict]
-    if result.verdict == "not verified":
+    if result.verdict == NOT_VERIFIED:
         n = len(result.not_run)
         text += f" ({n} comparison{'s' if n != 1 else ''} asked for did not run)" if n else " (nothing ran)"
     return text
