@@ -58,8 +58,11 @@ def test_default_model_manifest(default_build):
     from trt_seer.files import sha256_file
     assert m["engine"]["sha256"] == sha256_file(engine)
     assert m["source"]["config_sha256"] and m["source"]["checkpoint"]
-    acc = m["accuracy"]["onnx_vs_fp32"]
+    assert "accuracy" not in m  # nothing was measured on the engine itself
+    acc = m["accuracy_of_source_graph"]["onnx_vs_fp32"]  # the FP16 graph on ONNX Runtime
     assert acc["mean_cosine"] >= 0.999 and acc["samples"] >= 100
+    assert acc["measured_on"] == {"artifact": "all-MiniLM-L6-v2.fp16.onnx", "backend": "onnxruntime CPU"}
+    assert acc["reference_measured_on"]["artifact"] == "all-MiniLM-L6-v2.fp32.onnx"
     assert m["targets"]["mode"] in ("ampere+", "build-gpu", "listed", "same-cc")
     fp32 = manifest.read_engine_manifest(out / "all-MiniLM-L6-v2.fp32.manifest.json")
     assert fp32["engine"]["size_bytes"] > 1.5 * m["engine"]["size_bytes"]  # FP16 weights halve it
@@ -102,7 +105,12 @@ def test_tiny_family_fp16_engine(tmp_path, model_type, task):
     m = manifest.read_engine_manifest(tmp_path / "out" / "ckpt.fp16.manifest.json")
     assert m["task"] == task and m["model_type"] == model_type
     assert (tmp_path / "out" / m["engine"]["file"]).stat().st_size == m["engine"]["size_bytes"]
-    assert json.loads((tmp_path / "out" / "ckpt.fp16.onnx.json").read_text())["precision"] == "fp16"
+    record = json.loads((tmp_path / "out" / "ckpt.fp16.onnx.json").read_text())
+    assert record["precision"] == "fp16"
+    # the FP16 graph's accuracy, measured on ONNX Runtime, reaches the manifest named as the graph's
+    on_graph = {"artifact": "ckpt.fp16.onnx", "backend": "onnxruntime CPU"}
+    assert record["accuracy"]["onnx_vs_fp32"]["measured_on"] == on_graph
+    assert m["accuracy_of_source_graph"] == record["accuracy"] and "accuracy" not in m
 
 
 @pytest.mark.skipif(not trt.available() or not trt.load().is_rtx, reason="compute-capability targets are TensorRT-RTX's")

@@ -1,6 +1,7 @@
 """`trt-seer diff` on a tiny BERT: PyTorch / FP32 / FP16 ONNX through Polygraphy, tolerances and
 exit codes, the report directory (Markdown, JSON, PNG, Polygraphy inputs/outputs that
-`polygraphy run` accepts), the per-layer error profile and the engine comparison skipped on CPU."""
+`polygraphy run` accepts), the per-layer error profile, the verdict (passed / failed / not
+verified) and the engine comparison that cannot run on CPU leaving the result not verified."""
 import json
 import re
 import shutil
@@ -63,8 +64,15 @@ def test_fp32_onnx_vs_pytorch_passes(tiny, capsys):
     rows = [line for line in out.splitlines() if line.startswith("onnxrt-fp32 vs pytorch-fp32")]
     assert [r.split()[3] for r in rows] == ["last_hidden_state", "sentence_embedding"]
     assert all(r.endswith("PASS") for r in rows) and out.rstrip().endswith("result: PASS")
+    assert f"ran: onnxrt-fp32 ({art.name}.fp32.onnx, onnxruntime CPU) vs pytorch-fp32 (" in out
     acc = manifest.read(record(art, "fp32"))["accuracy"]["diff_vs_pytorch"]
-    assert acc["passed"] and acc["reference"] == "pytorch-fp32"
+    assert acc["verdict"] == "passed" and acc["reference"] == "pytorch-fp32" and acc["not_run"] == []
+    assert "passed" not in acc  # the verdict is the one top-level answer
+    (ran,) = acc["ran"]
+    assert ran["comparison"] == "onnxrt-fp32 vs pytorch-fp32" and ran["passed"] is True
+    assert ran["reference"]["backend"] == "PyTorch cpu"
+    assert acc["comparisons"]["onnxrt-fp32"]["measured_on"] == {"artifact": f"{art.name}.fp32.onnx",
+                                                                "backend": "onnxruntime CPU"}
     emb = acc["comparisons"]["onnxrt-fp32"]["outputs"]["sentence_embedding"]
     assert 0 < emb["max_abs"] < 1e-4 and emb["mean_cosine"] > 0.99999
 
@@ -79,8 +87,9 @@ def test_fp16_passes_defaults_and_fails_a_tiny_tolerance(tiny, capsys):
     assert code == 1
     verdicts = {line.split()[3]: line.split()[-1] for line in out.splitlines() if line.startswith("onnxrt-fp16 vs")}
     assert verdicts == {"last_hidden_state": "PASS", "sentence_embedding": "FAIL"}
+    assert out.rstrip().endswith("result: FAIL")
     acc = manifest.read(record(art, "fp16"))["accuracy"]["diff_vs_fp32"]
-    assert acc["passed"] is False  # the latest run is what the record keeps
+    assert acc["verdict"] == "failed"  # the latest run is what the record keeps
     assert run_diff(capsys, record(art, "fp16"), "--atol", "1e-9", "--rtol", "1e-9")[0] == 1
 
 
@@ -92,9 +101,10 @@ def test_report_contents(tiny, capsys, tmp_path):
     assert code == 0
     assert record(art, "fp16").read_text() == before  # named as a bare .onnx: no record is written
     rep = json.loads((out_dir / "report.json").read_text())
-    assert {"target", "task", "against", "reference", "candidates", "samples", "passed", "comparisons",
-            "skipped", "layers", "files", "reproduce"} <= set(rep)
-    assert rep["samples"] == 48 and rep["passed"] and rep["skipped"] == []
+    assert {"target", "task", "against", "reference", "candidates", "samples", "verdict", "ran", "not_run",
+            "comparisons", "layers", "files", "reproduce"} <= set(rep)
+    assert rep["samples"] == 48 and rep["verdict"] == "passed" and rep["not_run"] == []
+    assert [r["candidate"]["backend"] for r in rep["ran"]] == ["onnxruntime CPU"]
     (cmp,) = rep["comparisons"]
     assert set(cmp["outputs"]) == set(info.outputs)
     assert {"max_abs", "mean_abs", "max_rel", "mean_rel", "mean_cosine", "elementwise_passed", "atol",
@@ -103,6 +113,7 @@ def test_report_contents(tiny, capsys, tmp_path):
     md = (out_dir / "report.md").read_text()
     assert "| comparison | output | max abs | mean abs | max rel | mean rel | cosine | task metric | result |" in md
     assert md.count("| onnxrt-fp16 vs onnxrt-fp32 |") == 2 and "**Result: PASS**" in md
+    assert "## Not run\n\n- none" in md
     assert len(rep["layers"]["profile"]) > 0 and "## Per-layer error" in md
 
 
@@ -277,20 +288,51 @@ def tiny_engine(tiny):
     return art.path("fp16.manifest.json")
 
 
-def test_engine_comparison_skipped_without_gpu(tiny_engine, capsys, tmp_path):
+def test_engine_not_run_without_gpu_is_not_verified(tiny_engine, capsys, tmp_path):
+    """The engine cannot run here: its ONNX graph is compared, yet the result is "not verified"
+    (exit 3) and the manifest records that verdict, never a pass."""
     reason = cuda.gpu_unavailable_reason()
     if reason is None:
         pytest.skip("a CUDA device is present: the engine comparison runs (see the gpu test)")
     manifest_path = tiny_engine
     code, out, _ = run_diff(capsys, manifest_path, "--report", tmp_path / "report")
-    assert code == 0, out
-    assert f"skipped: tensorrt-fp16 vs onnxrt-fp32: {reason}" in out
+    assert code == 3, out
+    assert f"not run: tensorrt-fp16 vs onnxrt-fp32: {reason}" in out
     assert "onnxrt-fp16 vs onnxrt-fp32" in out  # its ONNX graph is still compared
+    assert out.rstrip().endswith("result: NOT VERIFIED (1 comparison asked for did not run)")
+    not_run = [{"comparison": "tensorrt-fp16 vs onnxrt-fp32", "reason": reason}]
     rep = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert rep["skipped"] == [{"comparison": "tensorrt-fp16 vs onnxrt-fp32", "reason": reason}]
-    assert f"- tensorrt-fp16 vs onnxrt-fp32: {reason}" in (tmp_path / "report" / "report.md").read_text()
+    assert rep["verdict"] == "not verified" and rep["not_run"] == not_run
+    assert [r["comparison"] for r in rep["ran"]] == ["onnxrt-fp16 vs onnxrt-fp32"]
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "**Result: NOT VERIFIED" in md and f"- tensorrt-fp16 vs onnxrt-fp32: {reason}" in md
     acc = manifest.read_engine_manifest(manifest_path)["accuracy"]["diff_vs_fp32"]
-    assert acc["skipped"] == rep["skipped"] and list(acc["comparisons"]) == ["onnxrt-fp16"]
+    assert acc["verdict"] == "not verified" and "passed" not in acc and acc["not_run"] == not_run
+    assert list(acc["comparisons"]) == ["onnxrt-fp16"]
+    assert acc["comparisons"]["onnxrt-fp16"]["measured_on"]["backend"] == "onnxruntime CPU"
+
+
+def test_nothing_runnable_is_not_verified(tiny_engine, capsys, tmp_path):
+    """An engine beside no ONNX graph of its own, on a machine that cannot run it: nothing is
+    compared, exit 3, and the manifest says what did not run and why."""
+    reason = cuda.gpu_unavailable_reason()
+    if reason is None:
+        pytest.skip("a CUDA device is present: the engine comparison runs")
+    src = tiny_engine.parent
+    data = manifest.read_engine_manifest(tiny_engine)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for name in (tiny_engine.name, data["engine"]["file"], tiny_engine.name.replace("fp16.manifest.json", "fp32.onnx")):
+        shutil.copy(src / name, alone / name)
+    code, out, _ = run_diff(capsys, alone / tiny_engine.name, "--report", tmp_path / "report")
+    assert code == 3, out
+    assert "nothing could run here" in out
+    assert out.rstrip().endswith("result: NOT VERIFIED (2 comparisons asked for did not run)")
+    acc = manifest.read_engine_manifest(alone / tiny_engine.name)["accuracy"]["diff_vs_fp32"]
+    assert acc["verdict"] == "not verified" and acc["ran"] == [] and acc["comparisons"] == {}
+    assert [n["comparison"] for n in acc["not_run"]] == ["onnxrt-fp16 vs onnxrt-fp32", "tensorrt-fp16 vs onnxrt-fp32"]
+    rep = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert rep["verdict"] == "not verified" and rep["reproduce"] == []
 
 
 @pytest.mark.gpu
@@ -303,5 +345,46 @@ def test_engine_compared_on_gpu(tiny_engine, capsys, tmp_path):
     assert code == 0, out
     rows = [line for line in out.splitlines() if line.startswith("tensorrt-fp16 vs onnxrt-fp32")]
     assert len(rows) == 2 and all(r.endswith("PASS") for r in rows)
+    acc = manifest.read_engine_manifest(manifest_path)["accuracy"]["diff_vs_fp32"]
+    assert acc["verdict"] == "passed" and acc["not_run"] == []
+    engine_on = acc["comparisons"]["tensorrt-fp16"]["measured_on"]
+    assert engine_on["artifact"].endswith(".engine") and f" on {cuda.device_info(0).name}" in engine_on["backend"]
     cmds = _reproduce_lines((tmp_path / "report" / "report.md").read_text())
     assert any("--model-type engine --trt" in c for c in cmds)
+
+
+def _ran(passed: bool) -> dict:
+    return {"candidate": "onnxrt-fp16", "reference": "onnxrt-fp32", "passed": passed}
+
+
+SKIPPED = {"comparison": "tensorrt-fp16 vs onnxrt-fp32", "reason": "no usable CUDA GPU"}
+
+
+def test_verdict_rules():
+    assert diff.verdict([_ran(True)], []) == diff.PASSED
+    assert diff.verdict([_ran(True)], [SKIPPED]) == diff.NOT_VERIFIED  # asked for, did not run
+    assert diff.verdict([], [SKIPPED]) == diff.NOT_VERIFIED
+    assert diff.verdict([], []) == diff.NOT_VERIFIED  # nothing compared is nothing verified
+    assert diff.verdict([_ran(True), _ran(False)], []) == diff.FAILED
+    assert diff.verdict([_ran(False)], [SKIPPED]) == diff.FAILED  # a failure that ran decides
+    assert diff.EXIT_CODES == {diff.PASSED: 0, diff.FAILED: 1, diff.NOT_VERIFIED: 3}
+
+
+def test_result_with_a_requested_comparison_not_run_is_not_verified(tmp_path):
+    target = diff.Target(tmp_path / "m.fp16.manifest.json", "engine", "m", "fp16", None, {})
+    ref = diff.Side("onnxrt-fp32", "onnxrt", "fp32", tmp_path / "m.fp32.onnx")
+    cand = diff.Side("onnxrt-fp16", "onnxrt", "fp16", tmp_path / "m.fp16.onnx")
+    result = diff.DiffResult(target, "feature-extraction", "fp32", ref, [cand], [SKIPPED], [], None,
+                             backends={"onnxrt-fp16": "onnxruntime CPU", "onnxrt-fp32": "onnxruntime CPU"},
+                             artifacts={"onnxrt-fp16": "m.fp16.onnx", "onnxrt-fp32": "m.fp32.onnx"})
+    result.comparisons = [_ran(True)]
+    assert result.verdict == "not verified" and not result.passed and result.exit_code == 3
+    on_cpu = {"backend": "onnxruntime CPU"}
+    assert result.ran() == [{"comparison": "onnxrt-fp16 vs onnxrt-fp32", "passed": True,
+                             "candidate": {"label": "onnxrt-fp16", "artifact": "m.fp16.onnx", **on_cpu},
+                             "reference": {"label": "onnxrt-fp32", "artifact": "m.fp32.onnx", **on_cpu}}]
+    result.comparisons = [_ran(False)]
+    assert result.verdict == "failed" and result.exit_code == 1
+    result.not_run = []
+    result.comparisons = [_ran(True)]
+    assert result.verdict == "passed" and result.passed and result.exit_code == 0

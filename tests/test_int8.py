@@ -55,6 +55,8 @@ def test_fallback_keeps_sensitive_layers_in_fp16(tiny, tmp_path):
     assert rec["quantization"]["mode"] == "w8a8" and rec["quantization"]["fp16_gemms"]
     assert len(rec["accuracy"]["gate"]["table"]) >= 2 and rec["accuracy"]["gate"]["table"][-1][2] is True
     assert rec["accuracy"]["onnx_vs_fp32"]["mean_cosine"] >= 0.9995
+    assert rec["accuracy"]["onnx_vs_fp32"]["measured_on"] == {"artifact": "ckpt.int8.onnx",
+                                                              "backend": "onnxruntime CPU"}
     assert rec["accuracy"]["gate"]["table"][0][2] is False  # all-INT8 missed the gate first
     m = manifest.read_engine_manifest(tmp_path / "out" / "ckpt.int8.manifest.json")
     assert m["precision"] == "int8" and (tmp_path / "out" / m["engine"]["file"]).is_file()
@@ -131,7 +133,8 @@ def test_default_model_int8_passes_the_gate(tmp_path):
     assert acc["samples"] >= 100
     assert (tmp_path / "calib" / name / "calibration.cache").is_file()  # TensorRT's format, default place
     m = manifest.read_engine_manifest(tmp_path / "engines" / f"{name}.int8.manifest.json")
-    assert m["accuracy"]["onnx_vs_fp32"] == acc and m["precision"] == "int8"
+    assert m["accuracy_of_source_graph"]["onnx_vs_fp32"] == acc and m["precision"] == "int8"
+    assert acc["measured_on"] == {"artifact": f"{name}.int8.onnx", "backend": "onnxruntime CPU"}
     assert (tmp_path / "engines" / f"{name}.fp16.engine").exists()  # the baseline INT8 is judged by
     assert not (tmp_path / "engines" / f"{name}.fp32.engine").exists()
     assert "INT8 accuracy vs FP32" in r.stderr

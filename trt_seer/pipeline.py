@@ -99,15 +99,15 @@ def fp16_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = False) 
     if record:
         log.info("fp16 ONNX up to date: %s", dest)
         return record
-    from trt_seer.eval.evaluate import compare_onnx, eval_batches
+    from trt_seer.eval.evaluate import accuracy_entry, compare_onnx, eval_batches
     from trt_seer.export.precision import fp16_from_onnx
 
     log.info("converting to an FP16-typed graph ...")
     fp16_from_onnx(src, dest)
     accuracy = compare_onnx(info, src, dest, eval_batches(info))
     log.info("fp16 vs fp32 (ONNX Runtime, held-out data): %s", _fmt_metrics(accuracy))
-    return write_record(dest, {**inherit(fp32), "precision": "fp16", "key": key,
-                               "fp32_sha256": fp32["sha256"], "accuracy": {"onnx_vs_fp32": accuracy}})
+    return write_record(dest, {**inherit(fp32), "precision": "fp16", "key": key, "fp32_sha256": fp32["sha256"],
+                               "accuracy": {"onnx_vs_fp32": accuracy_entry(accuracy, dest, src)}})
 
 
 def inherit(record: dict) -> dict:
@@ -133,7 +133,9 @@ def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tupl
         return current, False
     extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source") if k in onnx_record}
     extra["onnx_record"] = manifest.record_path(onnx_path).name
-    extra["accuracy"] = onnx_record.get("accuracy", {})
+    # Measured on the ONNX graph (each entry's measured_on says where), not on this engine: `diff`
+    # writes the engine's own under "accuracy" where the engine runs.
+    extra["accuracy_of_source_graph"] = onnx_record.get("accuracy", {})
     log.info("building the %s engine with %s ...", spec.precision, trt_adapter.load().name)
     built = engine_from_onnx(onnx_path, engine_path, spec, art.path("timing.cache"), extra)
     return built, True

@@ -1,5 +1,7 @@
 """`trt-seer diff`: accuracy of an engine or ONNX artifact against FP32 ONNX, FP16 ONNX or PyTorch
-on held-out data, through Polygraphy. Exit code 0 when every check passes, 1 when one fails."""
+on held-out data, through Polygraphy. Exit code 0 when every comparison asked for ran and passed,
+1 when one failed, 2 on bad input, 3 when none failed but one could not run here (not verified:
+e.g. an engine on a machine without a GPU that runs it)."""
 from __future__ import annotations
 
 import logging
@@ -12,6 +14,7 @@ EPILOG = """tolerances (elementwise, per output; VALUE alone applies to every ou
   fp16: atol 1e-2, rtol 1e-2 (gating) + task metric
   int8: task metric only (mean cosine >= 0.99 and min >= 0.97, or top-1 >= 0.99);
         elementwise errors are reported with atol = rtol = 1e-1 but do not gate
+exit codes: 0 passed, 1 failed, 2 bad input, 3 not verified (a comparison asked for could not run here)
 example:
   trt-seer diff engines/all-MiniLM-L6-v2.int8.manifest.json --against fp32 \\
       --atol sentence_embedding=1e-3 --report out/"""
@@ -72,4 +75,4 @@ def run(args) -> int:
     record = diff.record_accuracy(result)
     if record:
         log.info("accuracy recorded in %s under diff_vs_%s", record, result.against)
-    return 0 if result.passed else 1
+    return result.exit_code

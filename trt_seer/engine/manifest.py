@@ -9,9 +9,12 @@ Engine manifest (`<name>.<precision>.manifest.json`) keys:
   profiles [{batch: [min, opt, max], seq: [min, opt, max]}],
   io {inputs: [{name, dtype, shape}], outputs: [...]}   (-1 marks a dynamic axis),
   build {key, settings, seconds, finished_at},
-  accuracy {<stage>: {...}}   (filled by the stage that measures it),
+  accuracy_of_source_graph {<stage>: {...}}   (the ONNX record's accuracy at build time: measured on
+      the graph, each entry's measured_on {artifact, backend} says where; not the engine's),
+  accuracy {diff_vs_<against>: {verdict, ran, not_run, comparisons}}   (by `diff`: what ran where),
   bench {measured_at, label, path, machine, seq, points: [{batch, p50_ms, ...}], ...}   (by `bench`).
-ONNX records (`<file>.onnx.json`) hold {kind, precision, sha256, key, source, io, verification}.
+ONNX records (`<file>.onnx.json`) hold {kind, precision, sha256, key, source, io, verification,
+accuracy {<stage>: {..., measured_on, reference_measured_on}}}.
 """
 from __future__ import annotations
 

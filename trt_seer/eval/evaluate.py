@@ -5,6 +5,7 @@ Used by the FP16 stage (FP16 vs FP32), the INT8 gate and `diff`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -12,6 +13,21 @@ from trt_seer import data
 from trt_seer.export.checkpoint import sample_inputs
 from trt_seer.export.families import ModelInfo, ShapeProfile, max_positions
 from trt_seer.eval.metrics import task_metrics
+
+
+BACKEND = "onnxruntime CPU"  # what session() runs: ONNX Runtime's CPU execution provider
+
+
+def measured_on(artifact) -> dict:
+    """Where an accuracy entry was measured: {"artifact": file name, "backend": BACKEND}."""
+    return {"artifact": Path(artifact).name, "backend": BACKEND}
+
+
+def accuracy_entry(metrics: dict, candidate, reference) -> dict:
+    """`metrics` of ONNX `candidate` against ONNX `reference` (both run by session()) as a manifest
+    accuracy entry that names what was measured, and where: no reader takes an ONNX graph's
+    accuracy for an engine's."""
+    return {**metrics, "measured_on": measured_on(candidate), "reference_measured_on": measured_on(reference)}
 
 
 @dataclass(frozen=True)

@@ -300,8 +300,9 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
                         "smooth_alpha": args.smooth_alpha},
         "quantization": {"mode": mode, "int8_gemms": len(targets) - len(excluded), "fp16_gemms": sorted(excluded),
                          "attention": args.int8_attention and mode == "w8a8"},
-        "accuracy": {"onnx_vs_fp32": metrics, "gate": {"passed": True, "thresholds": gate.__dict__,
-                                                        "table": [[r[0], r[1], not r[2]] for r in rows]}},
+        "accuracy": {"onnx_vs_fp32": evaluate.accuracy_entry(metrics, dest, fp32_path),
+                     "gate": {"passed": True, "thresholds": gate.__dict__, "measured_on": evaluate.measured_on(dest),
+                              "table": [[r[0], r[1], not r[2]] for r in rows]}},
         "cpu": _cpu_int8(info, art, cd, gate, nodes)}
 
 
@@ -324,10 +325,11 @@ def _cpu_int8(info: ModelInfo, art: pipeline.Artifacts, cd: CalibData, gate: Gat
         log.warning("warning: no CPU INT8 artifact: it cannot pass the gate (%s)", "; ".join(fails))
         return {"file": None, "reason": "; ".join(fails)}
     fp32 = manifest.read(manifest.record_path(fp32_path))
+    accuracy = evaluate.accuracy_entry(metrics, dest, fp32_path)
     record = pipeline.write_record(dest, {**pipeline.inherit(fp32), "precision": "int8", "form": "onnxruntime dynamic INT8",
                                           "fp32_sha256": fp32["sha256"], "fp32_gemms": sorted(excluded),
-                                          "accuracy": {"onnx_vs_fp32": metrics}})
-    return {"file": dest.name, "sha256": record["sha256"], "fp32_gemms": sorted(excluded), "accuracy": metrics}
+                                          "accuracy": {"onnx_vs_fp32": accuracy}})
+    return {"file": dest.name, "sha256": record["sha256"], "fp32_gemms": sorted(excluded), "accuracy": accuracy}
 
 
 def write_int8_record(dest: Path, fp32: dict, fp16: dict, key: str, extra: dict) -> dict:
