@@ -205,6 +205,21 @@ def test_gpu_row_throughput_and_cost_come_from_end_to_end_and_the_table_shows_bo
     assert cpu_cells[header.index("samples/s")] == "1,000"
 
 
+def test_an_engine_manifest_records_the_plain_run_not_the_cuda_graph_one(tmp_path):
+    engine = tmp_path / "m.fp16.engine"
+    manifest.write(manifest.engine_manifest_path(engine), {"precision": "fp16", "engine": {"size_bytes": 3}})
+    plain = run.row(plan.Planned(paths.PATH_BY_KEY["trt-fp16"], "FP16", engine, (8,)),
+                    worker_result([(4.0, 1.0)] * 3), 2.5)
+    graph = run.row(plan.Planned(paths.PATH_BY_KEY["trt-fp16-graph"], "FP16 + graph", engine, (8,)),
+                    worker_result([(3.0, 0.9)] * 3), 2.5)
+    rep = {"created_at": "2026-12-01T09:00:00+0000", "rows": [plain, graph], "settings": {"seq": 128,
+           "price_per_hour": 2.5}, "machine": {"cpu": "x", "cores": 1, "threads": None, "gpu": "NVIDIA H200"}}
+    assert run.record_in_manifests(rep) == [manifest.engine_manifest_path(engine)]
+    section = manifest.read(manifest.engine_manifest_path(engine))["bench"]
+    assert section["path"] == "trt-fp16" and section["points"][0]["p50_ms"] == 4.0
+    assert section["points"][0]["device_p50_ms"] == 1.0
+
+
 def test_copy_bandwidth_section_says_when_it_was_not_measured():
     assert report.copy_lines({"copy_bandwidth": None}) == ["- Host<->device copies: not measured (no engine path ran)."]
     copies = {"path": "trt-fp16", "rows": [{"memory": "pinned", "direction": "HostToDevice", "bytes": 256 * MIB,

@@ -181,12 +181,14 @@ def assemble(spec: BenchSpec, info, host: Host, planned: list[Planned], results:
 
 
 def record_in_manifests(report: dict) -> list[Path]:
-    """Writes each artifact's results under `bench` in its engine manifest / ONNX record."""
+    """Writes each artifact's results under `bench` in its engine manifest / ONNX record. The
+    CUDA-graph run of an engine is left out: the section holds the plain run, which is what
+    `build --int8` compares across engines."""
     from trt_seer.engine import manifest
 
     written = []
     for r in report["rows"]:
-        if r["status"] != "ok" or not r["artifact"]:
+        if r["status"] != "ok" or not r["artifact"] or r["mode"] == "engine-graph":
             continue
         artifact = Path(r["artifact"])
         target = (manifest.engine_manifest_path(artifact) if r["backend"] == "tensorrt"
