@@ -3,6 +3,7 @@ PNG plots, manifest `bench` sections, BENCHMARKS.md append), the statistics and 
 the INT8-benefit warning on manifests written here, and GPU paths listed as skipped on a CPU box."""
 import json
 import math
+import re
 import os
 import subprocess
 import sys
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 
 from tiny import make_tiny_checkpoint
-from trt_seer import bench
+from trt_seer.bench import host as benchhost
+from trt_seer.bench import measure, paths, plan, report, run, verdict
 from trt_seer.engine import manifest
 from trt_seer.errors import InputError
 
@@ -52,15 +54,17 @@ def rows_by_key(report):
 @pytest.mark.slow
 def test_quick_prints_one_table_with_every_path_ran_or_skipped(quick_run):
     _, r, report = quick_run
-    assert "| Path | Batch | p50 ms | p90 ms | p99 ms | CV | samples/s |" in r.stdout
-    expected = set(bench.select_paths(list(QUICK_PATHS)))
+    assert "| Path | Batch | e2e p50 ms | e2e p90 ms | e2e p99 ms | device p50 ms | CV | samples/s |" in r.stdout
+    expected = set(paths.select_paths(list(QUICK_PATHS)))
     assert {row["key"] for row in report["rows"]} == expected  # nothing silently dropped
     ran = {k for k, row in rows_by_key(report).items() if row["status"] == "ok"}
     assert {"torch-fp32-cpu", "torch-int8-cpu", "ort-fp32-cpu", "ort-fp16-cpu"} <= ran
     for row in report["rows"]:
         if row["status"] == "ok":
             assert [p["batch"] for p in row["points"]] == [1, 2]
-            assert r.stdout.count(f"| {row['label']} |") == 2
+            lines = [line for line in r.stdout.splitlines() if line.startswith(f"| {row['label']} |")]
+            assert len(lines) == 2
+            assert all(line.split("|")[6].strip() == "n/a" for line in lines)  # CPU rows: no device time
         else:
             assert f"`{row['key']}`): {row['status']}: {row['reason']}" in r.stdout
     int8 = rows_by_key(report)["ort-int8-cpu"]
@@ -73,7 +77,7 @@ def test_gpu_paths_in_a_real_run_are_skipped_with_the_reason_on_a_cpu_machine(qu
         pytest.skip("a CUDA GPU is visible: GPU paths run here")
     _, _, report = quick_run
     for key, row in rows_by_key(report).items():
-        path = bench.PATH_BY_KEY[key]
+        path = paths.PATH_BY_KEY[key]
         if path.device == "cuda":
             why = "no CUDA GPU visible to PyTorch" if path.backend == "torch" else "engines cannot run here"
             assert row["status"] == "skipped" and why in row["reason"], row
@@ -90,8 +94,9 @@ def test_quick_report_numbers_are_consistent(quick_run):
         for p in row["points"]:
             assert 0 < p["p50_ms"] <= p["p90_ms"] <= p["p99_ms"]
             assert 3 <= p["iters"] <= report["settings"]["timing"]["max_iters"]
-            assert p["noisy"] == (p["cv"] > bench.NOISY_CV)
+            assert p["noisy"] == (p["cv"] > measure.NOISY_CV)
             assert p["throughput"] == pytest.approx(p["batch"] * 1000 / p["p50_ms"])
+            assert p["device_p50_ms"] is None  # only CPU paths ran: end to end is all there is
             assert p["cost_per_million"] == pytest.approx(price / (3600 * p["throughput"]) * 1e6)
             assert p["memory_bytes"] > 10 * 2**20  # a whole Python process's peak RSS
     rows = rows_by_key(report)
@@ -129,38 +134,133 @@ def test_quick_run_records_bench_in_the_onnx_records_and_appends(quick_run):
     assert [p["batch"] for p in section["points"]] == [1, 2]
     assert record["precision"] == "fp16" and "accuracy" in record  # the rest is untouched
     appended = (root / "BENCHMARKS.md").read_text()
-    assert f"## {report['created_at'][:10]}: tinybert, seq 16" in appended
+    assert re.search(r"^## tinybert, seq 16, CPU only, \d{4}-\d\d-\d\d \d\d:\d\d UTC$", appended, re.M)
     assert "- Command: `python -m trt_seer bench --model" in appended
     assert report["machine"]["cpu"] in appended and "| Path | Batch |" in appended
 
 
 def test_cost_and_throughput_arithmetic():
-    assert bench.throughput(8, 4.0) == pytest.approx(2000.0)
+    assert measure.throughput(8, 4.0) == pytest.approx(2000.0)
     # $2.50/hour at 1000 samples/s: 3.6M samples an hour, so 1M cost 2.5 / 3.6
-    assert bench.cost_per_million(2.5, 1000.0) == pytest.approx(2.5 / 3.6)
-    assert bench.cost_per_million(2.5, 2000.0) == pytest.approx(bench.cost_per_million(2.5, 1000.0) / 2)
+    assert measure.cost_per_million(2.5, 1000.0) == pytest.approx(2.5 / 3.6)
+    assert measure.cost_per_million(2.5, 2000.0) == pytest.approx(measure.cost_per_million(2.5, 1000.0) / 2)
 
 
 def test_summarize_percentiles_and_noise():
     times = [1.0] * 90 + [2.0] * 9 + [10.0]
-    s = bench.summarize(times)
+    s = measure.summarize(times)
     assert s["p50_ms"] == 1.0 and s["p90_ms"] == pytest.approx(np.percentile(times, 90))
     assert s["p99_ms"] == pytest.approx(np.percentile(times, 99))
     assert s["cv"] == pytest.approx(np.std(times, ddof=1) / np.mean(times)) and s["noisy"]
-    assert not bench.summarize([5.0, 5.1, 4.9, 5.0])["noisy"]
+    assert not measure.summarize([5.0, 5.1, 4.9, 5.0])["noisy"]
 
 
 def test_measure_stops_on_a_stable_median_or_the_budget():
-    spec = bench.TimingSpec(warmup=1, warmup_s=1.0, check_every=10, rtol=0.01, max_iters=1000, budget_s=60.0)
-    times, why = bench.measure(lambda: 2.0, spec)
+    spec = measure.TimingSpec(warmup=1, warmup_s=1.0, check_every=10, rtol=0.01, max_iters=1000, budget_s=60.0)
+    times, why = measure.measure(lambda: 2.0, spec)
     assert why == "stable" and len(times) == 20
     drifting = iter(range(1, 10**6))
-    times, why = bench.measure(lambda: float(next(drifting)), bench.TimingSpec(
+    times, why = measure.measure(lambda: float(next(drifting)), measure.TimingSpec(
         warmup=0, check_every=10, rtol=0.0, max_iters=50, budget_s=60.0))
     assert why == "max-iters" and len(times) == 50
-    times, why = bench.measure(lambda: float(next(drifting)), bench.TimingSpec(
+    times, why = measure.measure(lambda: float(next(drifting)), measure.TimingSpec(
         warmup=0, check_every=10, rtol=0.0, max_iters=10**6, budget_s=0.05))
     assert why == "time-budget" and len(times) >= 3
+
+
+def test_measure_watches_the_end_to_end_item_of_tuple_samples():
+    spec = measure.TimingSpec(warmup=0, check_every=10, rtol=0.01, max_iters=1000, budget_s=60.0)
+    device = iter(range(1, 10**6))  # a drifting second item must not keep the run going
+    samples, why = measure.measure(lambda: (2.0, float(next(device))), spec)
+    assert why == "stable" and len(samples) == 20 and samples[0] == (2.0, 1.0)
+
+
+def test_summarize_point_keeps_end_to_end_and_device_apart():
+    p = measure.summarize_point([(3.0, 1.0), (5.0, 2.0), (4.0, 1.5)])
+    assert p["p50_ms"] == 4.0 and p["device_p50_ms"] == 1.5 and p["device_p99_ms"] == pytest.approx(1.99)
+    cpu = measure.summarize_point([(3.0, None), (5.0, None), (4.0, None)])
+    assert cpu["p50_ms"] == 4.0 and cpu["device_p50_ms"] is None and cpu["device_p90_ms"] is None
+
+
+def worker_result(samples, batch=8):
+    point = {"batch": batch, **measure.summarize_point(samples), "stopped_by": "stable", "memory_bytes": 5 * MIB}
+    return {"points": [point], "eval_error": None, "size_bytes": 3 * MIB, "size_kind": "file on disk",
+            "timing_kind": "t", "memory_kind": "m", "rss_before_load_bytes": 1, "rss_peak_bytes": 2}
+
+
+def test_gpu_row_throughput_and_cost_come_from_end_to_end_and_the_table_shows_both(tmp_path):
+    engine = plan.Planned(paths.PATH_BY_KEY["trt-fp16"], "TensorRT FP16 on H200", tmp_path / "m.fp16.engine", (8,))
+    gpu = run.row(engine, worker_result([(4.0, 1.0), (4.0, 1.0), (4.0, 1.0)]), 3.6)
+    p = gpu["points"][0]
+    assert p["throughput"] == pytest.approx(2000.0)  # 8 samples / 4 ms end to end, not / 1 ms on the GPU
+    assert p["cost_per_million"] == pytest.approx(0.5)  # $3.60/hour at 2000/s
+    cpu_path = plan.Planned(paths.PATH_BY_KEY["ort-fp32-cpu"], "ONNX Runtime FP32 on CPU", tmp_path / "m.onnx", (8,))
+    cpu = run.row(cpu_path, worker_result([(8.0, None)] * 3), 3.6)
+    lines = report.table({"rows": [gpu, cpu]}).splitlines()
+    header = [c.strip() for c in lines[0].split("|")[1:-1]]
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in lines[2:4]}
+    gpu_cells, cpu_cells = cells["TensorRT FP16 on H200"], cells["ONNX Runtime FP32 on CPU"]
+    assert gpu_cells[header.index("e2e p50 ms")] == "4" and gpu_cells[header.index("device p50 ms")] == "1"
+    assert cpu_cells[header.index("e2e p50 ms")] == "8" and cpu_cells[header.index("device p50 ms")] == "n/a"
+    assert cpu_cells[header.index("samples/s")] == "1,000"
+
+
+def test_an_engine_manifest_records_the_plain_run_not_the_cuda_graph_one(tmp_path):
+    engine = tmp_path / "m.fp16.engine"
+    manifest.write(manifest.engine_manifest_path(engine), {"precision": "fp16", "engine": {"size_bytes": 3}})
+    plain = run.row(plan.Planned(paths.PATH_BY_KEY["trt-fp16"], "FP16", engine, (8,)),
+                    worker_result([(4.0, 1.0)] * 3), 2.5)
+    graph = run.row(plan.Planned(paths.PATH_BY_KEY["trt-fp16-graph"], "FP16 + graph", engine, (8,)),
+                    worker_result([(3.0, 0.9)] * 3), 2.5)
+    rep = {"created_at": "2026-12-01T09:00:00+0000", "rows": [plain, graph], "settings": {"seq": 128,
+           "price_per_hour": 2.5}, "machine": {"cpu": "x", "cores": 1, "threads": None, "gpu": "NVIDIA H200"}}
+    assert run.record_in_manifests(rep) == [manifest.engine_manifest_path(engine)]
+    section = manifest.read(manifest.engine_manifest_path(engine))["bench"]
+    assert section["path"] == "trt-fp16" and section["points"][0]["p50_ms"] == 4.0
+    assert section["points"][0]["device_p50_ms"] == 1.0
+
+
+def test_copy_bandwidth_section_says_when_it_was_not_measured():
+    assert report.copy_lines({"copy_bandwidth": None}) == ["- Host<->device copies: not measured (no engine path ran)."]
+    copies = {"path": "trt-fp16", "rows": [{"memory": "pinned", "direction": "HostToDevice", "bytes": 256 * MIB,
+                                            "gb_per_s": 51.234}]}
+    lines = report.copy_lines({"copy_bandwidth": copies})
+    assert "256.0 MiB" in lines[0] and "`trt-fp16`" in lines[0] and lines[-1] == "| pinned | HostToDevice | 51.2 |"
+    results = {"trt-fp32": {"points": []}, "trt-fp16": {"points": [], "copy_bandwidth": copies["rows"]}}
+    assert run.copy_bandwidth(results) == copies
+
+
+def test_append_benchmark_writes_the_header_and_keeps_what_was_there(tmp_path):
+    import datetime
+
+    md = tmp_path / "docs" / "BENCHMARKS.md"
+    when = datetime.datetime(2026, 12, 1, 9, 5, tzinfo=datetime.timezone.utc)
+    report.append_benchmark(md, "Build stages", "python tools/bench_build.py", "2 cores", "| a |\n|---|\n| 1 |\n", when)
+    first = md.read_text()
+    assert first.startswith("# Benchmarks\n")
+    assert "\n## Build stages, 2026-12-01 09:05 UTC\n\n- Machine: 2 cores\n" in first
+    assert "- Command: `python tools/bench_build.py`\n\n| a |\n|---|\n| 1 |\n" in first
+    report.append_benchmark(md, "Second", "cmd", "m", "body", when)
+    second = md.read_text()
+    assert second.startswith(first.rstrip("\n")) and second.endswith("## Second, 2026-12-01 09:05 UTC\n\n"
+                                                                       "- Machine: m\n- Command: `cmd`\n\nbody\n")
+    assert second.count("# Benchmarks") == 1
+
+
+def test_append_benchmark_leaves_the_file_as_it_was_when_the_write_fails(tmp_path, monkeypatch):
+    import os as os_module
+
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n\nold\n")
+
+    def fail(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os_module, "replace", fail)
+    with pytest.raises(OSError):
+        report.append_benchmark(md, "t", "c", "m", "new")
+    assert md.read_text() == "# Benchmarks\n\nold\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["BENCHMARKS.md"]  # no temp file left behind
 
 
 def write_manifest(path, size_bytes, p50_by_batch=None, machine=None):
@@ -178,7 +278,7 @@ MIB = 2**20
 def test_int8_warning_triggers_when_int8_is_neither_faster_nor_smaller(tmp_path):
     fp16 = write_manifest(tmp_path / "m.fp16.manifest.json", 20 * MIB, {1: 1.00, 8: 2.00, 32: 6.0})
     int8 = write_manifest(tmp_path / "m.int8.manifest.json", int(19.6 * MIB), {1: 0.99, 8: 1.95, 32: 5.9})
-    warning = bench.int8_benefit_warning(int8, fp16)
+    warning = verdict.int8_benefit_warning(int8, fp16)
     assert warning and "FP16" in warning
     assert "2% smaller" in warning and "2% faster" in warning and "b1, b8, b32" in warning
 
@@ -186,39 +286,39 @@ def test_int8_warning_triggers_when_int8_is_neither_faster_nor_smaller(tmp_path)
 def test_int8_warning_triggers_when_int8_is_smaller_but_slower(tmp_path):
     fp16 = write_manifest(tmp_path / "m.fp16.manifest.json", 20 * MIB, {1: 1.0, 8: 2.0})
     int8 = write_manifest(tmp_path / "m.int8.manifest.json", 11 * MIB, {1: 1.3, 8: 2.4})
-    warning = bench.int8_benefit_warning(int8, fp16)
+    warning = verdict.int8_benefit_warning(int8, fp16)
     assert warning and "45% smaller" in warning and "slower" in warning
 
 
 def test_int8_warning_on_size_alone_says_latency_is_unmeasured(tmp_path):
     fp16 = write_manifest(tmp_path / "m.fp16.manifest.json", 20 * MIB)
     int8 = write_manifest(tmp_path / "m.int8.manifest.json", int(19.8 * MIB))
-    warning = bench.int8_benefit_warning(int8, fp16)
+    warning = verdict.int8_benefit_warning(int8, fp16)
     assert warning and "1% smaller" in warning and "latency not measured" in warning
 
 
 def test_int8_warning_silent_on_a_good_case(tmp_path):
     fp16 = write_manifest(tmp_path / "m.fp16.manifest.json", 20 * MIB, {1: 1.0, 8: 2.0, 32: 6.0})
     fast = write_manifest(tmp_path / "m.int8.manifest.json", 19 * MIB, {1: 0.8, 8: 1.5, 32: 4.0})
-    assert bench.int8_benefit_warning(fast, fp16) is None  # 26% faster: worth it though barely smaller
+    assert verdict.int8_benefit_warning(fast, fp16) is None  # 26% faster: worth it though barely smaller
     small = write_manifest(tmp_path / "s.int8.manifest.json", 11 * MIB)
-    assert bench.int8_benefit_warning(small, fp16) is None  # 45% smaller, latency unknown
+    assert verdict.int8_benefit_warning(small, fp16) is None  # 45% smaller, latency unknown
 
 
 def test_int8_latencies_from_different_machines_are_not_compared(tmp_path):
     fp16 = write_manifest(tmp_path / "m.fp16.manifest.json", 20 * MIB, {1: 1.0}, {"gpu": "NVIDIA A10"})
     int8 = write_manifest(tmp_path / "m.int8.manifest.json", 11 * MIB, {1: 5.0}, {"gpu": "NVIDIA H200"})
-    c = bench.int8_comparison(bench.manifest_facts(int8), bench.manifest_facts(fp16))
+    c = verdict.int8_comparison(verdict.manifest_facts(int8), verdict.manifest_facts(fp16))
     assert c["faster"] is None and c["smaller"] == pytest.approx(0.45)
 
 
 def test_gpu_only_paths_are_planned_as_skipped_with_the_reason(tmp_path):
-    host = bench.probe_host()
+    host = benchhost.probe_host()
     if host.gpu:
         pytest.skip(f"{host.gpu} is visible: GPU paths are runnable here")
-    spec = bench.BenchSpec(engines=tmp_path, batches=(1, 8))
-    planned = {p.path.key: p for p in bench.plan(spec, "m", host)}
-    assert set(planned) == set(bench.PATH_BY_KEY)
+    spec = plan.BenchSpec(engines=tmp_path, batches=(1, 8))
+    planned = {p.path.key: p for p in plan.plan(spec, "m", host)}
+    assert set(planned) == set(paths.PATH_BY_KEY)
     for key in ("torch-fp32-gpu", "torch-tf32-gpu", "torch-amp-fp16-gpu", "torch-amp-bf16-gpu", "torch-half-gpu"):
         assert planned[key].batches == () and "no CUDA GPU" in planned[key].reason
     assert "no m.fp16.engine" in planned["trt-fp16"].reason
@@ -228,33 +328,33 @@ def test_gpu_only_paths_are_planned_as_skipped_with_the_reason(tmp_path):
 
 
 def test_engine_label_comes_from_flavor_and_gpu_name():
-    host = bench.Host(cpu="x", cores=1, gpu="NVIDIA H200", torch_gpu_reason=None, bf16=True, torch_int8=True,
+    host = benchhost.Host(cpu="x", cores=1, gpu="NVIDIA H200", torch_gpu_reason=None, bf16=True, torch_int8=True,
                       onnxruntime="1", tensorrt={"flavor": "tensorrt_rtx", "version": "1.7"}, engine_reason=None,
                       versions={})
-    assert bench.label(bench.PATH_BY_KEY["trt-fp16"], host) == "TensorRT-RTX FP16 on H200"
-    host = bench.Host(**{**host.__dict__, "gpu": "NVIDIA GeForce RTX 4090",
+    assert paths.label(paths.PATH_BY_KEY["trt-fp16"], host) == "TensorRT-RTX FP16 on H200"
+    host = benchhost.Host(**{**host.__dict__, "gpu": "NVIDIA GeForce RTX 4090",
                          "tensorrt": {"flavor": "tensorrt", "version": "10.9"}})
-    assert bench.label(bench.PATH_BY_KEY["trt-int8"], host) == "TensorRT INT8 on GeForce RTX 4090"
-    assert bench.label(bench.PATH_BY_KEY["torch-amp-bf16-gpu"], host) == "PyTorch AMP BF16 on GeForce RTX 4090"
+    assert paths.label(paths.PATH_BY_KEY["trt-int8"], host) == "TensorRT INT8 on GeForce RTX 4090"
+    assert paths.label(paths.PATH_BY_KEY["torch-amp-bf16-gpu"], host) == "PyTorch AMP BF16 on GeForce RTX 4090"
 
 
 def test_engine_profile_limits_the_batches(tmp_path):
     engine = tmp_path / "m.int8.engine"
     engine.write_bytes(b"not run here")
     manifest.write(manifest.engine_manifest_path(engine), {"profiles": [{"batch": [1, 4, 8], "seq": [8, 128, 256]}]})
-    planned = bench.Planned(bench.PATH_BY_KEY["trt-int8"], "x", engine, (1, 8, 32))
-    fitted = bench._fit_profile(planned, 128)
+    planned = plan.Planned(paths.PATH_BY_KEY["trt-int8"], "x", engine, (1, 8, 32))
+    fitted = plan.fit_profile(planned, 128)
     assert fitted.batches == (1, 8) and fitted.skipped_batches[0][0] == 32
     assert "1..8" in fitted.skipped_batches[0][1]
-    assert "outside the engine's profile" in bench._fit_profile(planned, 512).reason
+    assert "outside the engine's profile" in plan.fit_profile(planned, 512).reason
 
 
 def test_select_paths_takes_names_globs_and_commas():
-    assert bench.select_paths(["trt-*"]) == ("trt-fp32", "trt-fp16", "trt-int8")
-    assert bench.select_paths(["ort-fp32-cpu,torch-fp32-cpu"]) == ("torch-fp32-cpu", "ort-fp32-cpu")
-    assert bench.select_paths(None) == tuple(bench.PATH_BY_KEY)
+    assert paths.select_paths(["trt-*"]) == ("trt-fp32", "trt-fp16", "trt-int8", "trt-fp16-graph")
+    assert paths.select_paths(["ort-fp32-cpu,torch-fp32-cpu"]) == ("torch-fp32-cpu", "ort-fp32-cpu")
+    assert paths.select_paths(None) == tuple(paths.PATH_BY_KEY)
     with pytest.raises(InputError, match="matches no path"):
-        bench.select_paths(["tensorflow-*"])
+        paths.select_paths(["tensorflow-*"])
 
 
 def test_cli_rejects_model_and_model_config_together(capsys):
@@ -277,8 +377,34 @@ def test_pytorch_gpu_paths_run(tmp_path):
     rows = rows_by_key(json.loads((tmp_path / "rep" / "report.json").read_text()))
     for key in ("torch-fp32-gpu", "torch-tf32-gpu", "torch-amp-fp16-gpu", "torch-half-gpu"):
         assert rows[key]["status"] == "ok", rows[key]
-        assert rows[key]["timing_kind"] == "CUDA events"
+        assert "device: CUDA events" in rows[key]["timing_kind"]
+        assert all(0 < p["device_p50_ms"] <= p["p50_ms"] for p in rows[key]["points"])
         assert all(p["memory_bytes"] > 0 for p in rows[key]["points"])
         assert rows[key]["accuracy"]["mean_cosine"] > 0.99
     assert rows["torch-half-gpu"]["size_bytes"] == pytest.approx(rows["torch-fp32-gpu"]["size_bytes"] / 2, rel=0.01)
     assert math.isclose(rows["torch-fp32-gpu"]["accuracy"]["mean_cosine"], 1.0, abs_tol=1e-5)
+
+
+def test_bench_modules_import_each_other_without_a_cycle():
+    """Every `trt_seer.bench.*` import, at any depth in a module, forms a graph without cycles."""
+    import ast
+    import graphlib
+    from pathlib import Path
+
+    import trt_seer.bench
+
+    folder = Path(trt_seer.bench.__file__).parent
+    modules = {f.stem for f in folder.glob("*.py")} - {"__init__"}
+
+    def targets(node) -> set:  # `from trt_seer.bench import x`: module x, else the package itself
+        if node.module != "trt_seer.bench":
+            return {node.module}
+        return {f"trt_seer.bench.{a.name}" if a.name in modules else "trt_seer.bench" for a in node.names}
+
+    graph = {}
+    for f in folder.glob("*.py"):
+        imports = [n for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.ImportFrom)]
+        deps = set().union(*(targets(n) for n in imports if (n.module or "").startswith("trt_seer.bench")))
+        graph[f"trt_seer.bench.{f.stem}".removesuffix(".__init__")] = deps
+    assert graph["trt_seer.bench"] == set()  # the package imports nothing
+    tuple(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a cycle

@@ -1,5 +1,6 @@
 """The benchmark tools' verdicts: what they print decides whether a target counts as met."""
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -63,3 +64,44 @@ def test_zero1_table_compares_the_largest_shard_and_the_loss_curves():
     assert [c.strip() for c in ddp[3:5]] == ["800.0, 800.0", "1.00x"]
     assert [c.strip() for c in zero1[3:5]] == ["450.0, 350.0", "0.56x"]  # the fullest rank decides memory
     assert float(zero1[7]) == pytest.approx(5e-4)
+
+
+SECTION = r"^## {}, \d{{4}}-\d\d-\d\d \d\d:\d\d UTC$"
+
+
+def test_finetune_sections_go_through_the_one_benchmarks_writer(tmp_path):
+    bench_finetune = load_tool("bench_finetune")
+    md = tmp_path / "BENCHMARKS.md"
+    hardware = {"gpu": "NVIDIA H200", "compute_capability": "9.0", "torch": "2.11", "transformers": "5.0"}
+    rows = [acc_row("fp32", 0, 0.99, hardware=hardware)]
+    bench_finetune.append_report("Fine-tuning accuracy", "Intro.", "| t |", rows, path=md, argv=["--accuracy"])
+    text = md.read_text()
+    assert text.startswith("# Benchmarks\n") and re.search(SECTION.format("Fine-tuning accuracy"), text, re.M)
+    assert "\n- Machine: NVIDIA H200 (compute capability 9.0), " in text
+    assert "\n- Command: `python tools/bench_finetune.py --accuracy`\n" in text
+    assert text.endswith("\n\nIntro.\n\n| t |\n")
+
+
+def test_build_tools_emit_through_the_one_benchmarks_writer(tmp_path, capsys):
+    bench_build = load_tool("bench_build")
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n\nolder section\n")
+    bench_build.emit("Build stages", "bench_build.py", ["--append", "x.md"], "| step |", str(md))
+    text = md.read_text()
+    assert capsys.readouterr().out == "| step |\n"
+    assert text.startswith("# Benchmarks\n\nolder section\n") and re.search(SECTION.format("Build stages"), text, re.M)
+    assert "- Command: `python tools/bench_build.py --append x.md`" in text and text.endswith("| step |\n")
+    bench_build.emit("Build stages", "bench_build.py", [], "| printed only |", None)
+    assert md.read_text() == text
+
+
+# append_benchmark itself, the two tool helpers built on it, or a `trt-seer bench --append` run
+WRITERS = ("append_benchmark(", "emit(", "append_report(", '"trt_seer", "bench"')
+
+
+def test_every_tool_that_appends_goes_through_the_one_writer():
+    for tool in TOOLS.glob("*.py"):
+        source = tool.read_text()
+        assert not re.search(r"open\([^)]*[\"']a[\"']", source), f"{tool.name} appends with open(..., 'a')"
+        if "--append" in source or "BENCHMARKS" in source:
+            assert any(w in source for w in WRITERS), f"{tool.name} writes BENCHMARKS.md some other way"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -44,23 +44,22 @@ def stage_table(rows: list[tuple[str, float, float]]) -> list[str]:
             *(f"| {label} | {wall:.1f} | {rss:.0f} |" for label, wall, rss in rows)]
 
 
-def emit(text: str, append: str | None) -> None:
-    """Prints `text` and appends it to the Markdown file `append`, if given."""
+def emit(title: str, tool: str, argv: list[str], text: str, append: str | None) -> None:
+    """Prints `text` and, when `append` names a Markdown file, appends it there as a dated section
+    with the machine and the command (trt_seer.bench.report.append_benchmark)."""
+    from trt_seer.bench.host import machine_text
+    from trt_seer.bench.report import append_benchmark
+
     print(text)
     if append:
-        with open(append, "a") as f:
-            f.write(text + "\n")
-
-
-def machine() -> str:
-    from trt_seer.bench import cpu_name
-
-    return f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+        command = shlex.join(["python", f"tools/{tool}", *argv])
+        append_benchmark(append, title, command, machine_text(), text)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--append", default=None, help="append the table to this Markdown file")
+    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,11 +70,9 @@ def main(argv=None) -> int:
                 return rc
             rows.append((label, wall, rss))
             print(f"{label:40s} {wall:7.1f} s {rss:8.0f} MiB", flush=True)
-    table = "\n".join([f"\n## Build stages, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
-                       f"Machine: {machine()}. Command: `python tools/bench_build.py`. Whole processes "
-                       "(`python -m trt_seer ...`), default model, TensorRT-RTX builder on CPU.", "",
+    table = "\n".join(["Whole processes (`python -m trt_seer ...`), default model, TensorRT-RTX builder on CPU.", "",
                        *stage_table(rows)])
-    emit(table, args.append)
+    emit("Build stages", "bench_build.py", argv, table, args.append)
     return 0
 
 

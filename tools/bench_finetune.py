@@ -18,7 +18,6 @@ accuracy of each AMP mode with FP32 (TF32 off): the target is within 0.5 points.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
@@ -236,7 +235,9 @@ def table(rows: list[dict]) -> str:
 def machine(rows: list[dict]) -> str:
     hw = next((r["hardware"] for r in rows if "hardware" in r), {})
     gpu = f"{hw['gpu']} (compute capability {hw['compute_capability']}), " if "gpu" in hw else ""
-    cpu = platform.processor() or platform.machine()
+    from trt_seer.bench.host import cpu_name
+
+    cpu = cpu_name()
     return (f"{gpu}{cpu}, {os.cpu_count()} cores; {platform.system()} {platform.release()}, "
             f"Python {platform.python_version()}, torch {hw.get('torch')}, transformers {hw.get('transformers')}")
 
@@ -286,18 +287,14 @@ def accuracy_intro(rows: list[dict], args) -> tuple[str, str]:
             f"{100 / n if isinstance(n, int) else 0:.2f} points); 'within 0.5' compares each mean with fp32's.")
 
 
-def append_report(title: str, intro: str, text: str, rows: list[dict], tool: str = "bench_finetune.py") -> Path:
-    """Appends a dated block (machine, command, table) to docs/BENCHMARKS.md."""
-    path = ROOT / "docs" / "BENCHMARKS.md"
-    command = " ".join([f"python tools/{tool}", *map(shlex.quote, sys.argv[1:])])
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    block = f"\n## {title}, {when}\n\nMachine: {machine(rows)}.\n\nCommand: `{command}`. {intro}\n\n{text}\n"
-    path.parent.mkdir(exist_ok=True)
-    if not path.exists():
-        path.write_text("# Benchmarks\n")
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(block)
-    return path
+def append_report(title: str, intro: str, text: str, rows: list[dict], tool: str = "bench_finetune.py",
+                  path: Path = ROOT / "docs" / "BENCHMARKS.md", argv: list[str] | None = None) -> Path:
+    """Appends a dated section (machine, command, intro, table) to docs/BENCHMARKS.md through the
+    project's one writer of that file."""
+    from trt_seer.bench.report import append_benchmark
+
+    command = shlex.join(["python", f"tools/{tool}", *(sys.argv[1:] if argv is None else argv)])
+    return append_benchmark(path, title, command, machine(rows), f"{intro}\n\n{text}")
 
 
 def speed_rows(args, precisions: list[str], work: Path) -> list[dict]:

@@ -15,11 +15,10 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_build import emit, machine, stage_table, timed  # noqa: E402
+from bench_build import emit, stage_table, timed  # noqa: E402
 
 CALIBRATE = """
 import sys, itertools
@@ -42,6 +41,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--append", default=None)
     p.add_argument("--samples", default="256,2048")
+    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,14 +59,13 @@ def main(argv=None) -> int:
     acc = record["accuracy"]["onnx_vs_fp32"]
     quant = record["quantization"]
     text = "\n".join([
-        f"\n## INT8, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
-        f"Machine: {machine()}. Command: `python tools/bench_int8.py`. Whole processes.", "",
+        "Whole processes.", "",
         *stage_table(rows), "",
         f"Q/DQ INT8 vs FP32 on {acc['samples']} held-out samples (ONNX Runtime CPU): mean cosine "
         f"{acc['mean_cosine']:.4f}, min {acc['min_cosine']:.4f}, neighbour overlap@5 "
         f"{acc['neighbour_overlap@5']:.3f}; {quant['int8_gemms']} GEMMs in INT8, "
         f"{len(quant['fp16_gemms'])} kept in FP16 by the gate's fallback."])
-    emit(text, args.append)
+    emit("INT8", "bench_int8.py", argv, text, args.append)
     return 0
 
 

@@ -1,21 +1,27 @@
 """The `bench` report as people read it: the table, report.md, report.json, PNG plots (latency vs
-batch, throughput, memory and size, cost per 1M inferences) and the section appended to
-docs/BENCHMARKS.md. Reads the report dict `trt_seer.bench.bench` returns; measures nothing.
+batch, throughput, memory and size, cost per 1M inferences), and `append_benchmark`, the one writer
+of docs/BENCHMARKS.md (every benchmark tool appends through it). Reads the report dict
+`trt_seer.bench.run.bench` returns; measures nothing.
 """
 from __future__ import annotations
 
+import datetime
 import platform
 from pathlib import Path
 
-from trt_seer.bench import fmt_bytes, fmt_faster, fmt_smaller
+from trt_seer.bench.verdict import fmt_bytes, fmt_faster, fmt_smaller
 from trt_seer.files import atomic_write_json, atomic_write_text, ensure_out_dir
 
-COLUMNS = ("Path", "Batch", "p50 ms", "p90 ms", "p99 ms", "CV", "samples/s", "Memory", "Size",
-           "$ / 1M inf.", "Accuracy vs FP32")
+COLUMNS = ("Path", "Batch", "e2e p50 ms", "e2e p90 ms", "e2e p99 ms", "device p50 ms", "CV", "samples/s",
+           "Memory", "Size", "$ / 1M inf.", "Accuracy vs FP32")
+BENCHMARKS_HEADER = ("# Benchmarks\n\nEach section is appended by a benchmark command and names its date, "
+                     "machine and the exact command.\n")
 PLOTS = ("latency_vs_batch.png", "throughput.png", "memory.png", "cost.png")
 
 
-def _ms(x: float) -> str:
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "n/a"
     return f"{x:.3g}" if x < 100 else f"{x:,.0f}"
 
 
@@ -26,8 +32,8 @@ def _memory(row: dict, point: dict) -> str:
 
 def _cells(row: dict, p: dict) -> list[str]:
     cv = f"{p['cv']:.1%}" + (" noisy" if p["noisy"] else "")
-    return [row["label"], str(p["batch"]), _ms(p["p50_ms"]), _ms(p["p90_ms"]), _ms(p["p99_ms"]), cv,
-            f"{p['throughput']:,.0f}", _memory(row, p), fmt_bytes(row["size_bytes"]), f"{p['cost_per_million']:.3g}",
+    return [row["label"], str(p["batch"]), _ms(p["p50_ms"]), _ms(p["p90_ms"]), _ms(p["p99_ms"]),
+            _ms(p.get("device_p50_ms")), cv, f"{p['throughput']:,.0f}", _memory(row, p), fmt_bytes(row["size_bytes"]), f"{p['cost_per_million']:.3g}",
             row.get("accuracy_summary", "n/a")]
 
 
@@ -65,6 +71,17 @@ def int8_lines(report: dict) -> list[str]:
     return out or ["- no INT8 path ran next to its base path, so there is nothing to compare."]
 
 
+def copy_lines(report: dict) -> list[str]:
+    """Host<->device copy bandwidth, as measured in the first engine path's process."""
+    copies = report.get("copy_bandwidth")
+    if not copies:
+        return ["- Host<->device copies: not measured (no engine path ran)."]
+    size = fmt_bytes(copies["rows"][0]["bytes"])
+    lines = [f"Copies of {size} (CUDA events, measured in the `{copies['path']}` process):", "",
+             "| host memory | direction | GB/s |", "|---|---|---:|"]
+    return lines + [f"| {r['memory']} | {r['direction']} | {r['gb_per_s']:.1f} |" for r in copies["rows"]]
+
+
 def machine_line(report: dict) -> str:
     m = report["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
@@ -84,6 +101,7 @@ def markdown(report: dict) -> str:
         f"- Command: `{report['command']}`", f"- Inputs: {s['inputs']}",
         f"- Price: ${s['price_per_hour']}/hour. Assumption: {report['method']['cost']}.", "",
         table(report), "", "## INT8", "", *int8_lines(report), "",
+        "## Host<->device copies", "", *copy_lines(report), "",
         "## Method", "", *method_lines(report),
         f"- Noisy points (CV > {report['method']['noisy_cv']:.0%}): {', '.join(noisy) or 'none'}.", "",
         "## Plots", "", *[f"![{p}]({p})" for p in PLOTS], "",
@@ -99,7 +117,8 @@ def method_lines(report: dict) -> list[str]:
     lines = [
         f"- Timing: {t['warmup']} warm-up runs (at most {t['warmup_s']} s), then timed runs until the median "
         f"moves less than {t['rtol']:.0%} between checks every {t['check_every']} runs, {t['max_iters']} runs or "
-        f"{t['budget_s']} s; throughput = batch / p50.",
+        f"{t['budget_s']} s; throughput = batch / end-to-end p50.",
+        f"- Times: {report['method']['timing']}.",
         f"- Isolation: {report['method']['isolation']}.",
         f"- Accuracy: task metric vs `{report['method']['accuracy_reference']}` on {s['eval_samples']} held-out "
         "samples (cos = mean cosine of sentence embeddings; top-1 = argmax agreement).",
@@ -115,21 +134,31 @@ def write(report: dict, out_dir: Path) -> list[Path]:
     return written + plots(report, out)
 
 
+def append_benchmark(path: Path, title: str, command: str, machine: str, body_markdown: str,
+                     when: datetime.datetime | None = None) -> Path:
+    """Appends one dated section to a BENCHMARKS.md-style file: `## {title}, {date time} UTC`, the
+    machine, the command, then `body_markdown`. The file is rewritten atomically (old text plus the
+    section), so a failed write leaves it as it was; a missing file starts with a short header."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = path.read_text() if path.is_file() else BENCHMARKS_HEADER
+    when = (when or datetime.datetime.now(datetime.timezone.utc)).astimezone(datetime.timezone.utc)
+    section = "\n".join(["", f"## {title}, {when:%Y-%m-%d %H:%M} UTC", "", f"- Machine: {machine}",
+                         f"- Command: `{command}`", "", body_markdown.strip("\n"), ""])
+    return atomic_write_text(path, old.rstrip("\n") + "\n" + section)
+
+
 def append(report: dict, md_path: Path) -> Path:
-    """Appends the dated section (machine, command, table, INT8 findings) to e.g. docs/BENCHMARKS.md."""
-    md_path = Path(md_path)
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    old = md_path.read_text() if md_path.is_file() else "# Benchmarks\n\nAppended by `trt-seer bench --append`.\n"
+    """Appends the run's section (table, INT8 findings, copy bandwidth) to e.g. docs/BENCHMARKS.md."""
     model, s = report["model"], report["settings"]
     random_init = f" (random init, {model['random_init']} config)" if model["random_init"] else ""
-    section = "\n".join([
-        "", f"## {report['created_at'][:10]}: {model['name']}{random_init}, seq {s['seq']}, "
-            f"{report['machine']['gpu'] or 'CPU only'}", "",
-        f"- Machine: {machine_line(report)}", f"- Command: `{report['command']}`",
-        f"- Inputs: {s['inputs']}; price ${s['price_per_hour']}/hour ({report['method']['cost']})", "",
-        table(report), "", *int8_lines(report), "",
+    title = f"{model['name']}{random_init}, seq {s['seq']}, {report['machine']['gpu'] or 'CPU only'}"
+    body = "\n".join([
+        f"Inputs: {s['inputs']}; price ${s['price_per_hour']}/hour ({report['method']['cost']}). "
+        f"Times: {report['method']['timing']}.", "",
+        table(report), "", *int8_lines(report), "", *copy_lines(report),
     ])
-    return atomic_write_text(md_path, old.rstrip("\n") + "\n" + section)
+    return append_benchmark(md_path, title, report["command"], machine_line(report), body)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,10 +192,10 @@ def _save(plt, fig, ax, dest: Path, empty: bool) -> Path:
 
 
 def plot_latency(report: dict, dest: Path) -> Path:
-    """p50 latency against batch size, one line per path; the bars reach p90."""
+    """End-to-end p50 latency against batch size, one line per path; the bars reach p90."""
     rows = _measured(report)
     plt, fig, ax = _figure(f"{report['model']['name']}: latency vs batch (seq {report['settings']['seq']})",
-                           "batch size", "latency (ms), p50 with p90 bar")
+                           "batch size", "end-to-end latency (ms), p50 with p90 bar")
     for r in rows:
         b = [p["batch"] for p in r["points"]]
         p50 = [p["p50_ms"] for p in r["points"]]

@@ -1,7 +1,9 @@
 """`trt-seer bench`: latency (p50/p90/p99), throughput, memory, size, cost per 1M inferences and
 accuracy vs FP32 of every inference path this machine can run: PyTorch (FP32 eager, TF32, AMP
-FP16/BF16, .half(), dynamic INT8), ONNX Runtime (FP32/FP16/Q-DQ INT8 graphs) and TensorRT engines.
-Paths that cannot run here are listed as skipped, with the reason.
+FP16/BF16, .half(), dynamic INT8), ONNX Runtime (FP32/FP16/Q-DQ INT8 graphs) and TensorRT engines
+(FP16 also with CUDA graphs). Paths that cannot run here are listed as skipped, with the reason.
+Latency is end to end (host inputs to host outputs); GPU rows add the device time (CUDA events);
+engine runs add the host<->device copy bandwidth.
 
 Writes report.md, report.json and PNG plots to --report, and each artifact's results under
 `bench` in its manifest (which `build --int8` reads to judge whether INT8 pays).
@@ -26,7 +28,8 @@ def positive_float(text: str) -> float:
 
 
 def add_parser(subparsers, common):
-    from trt_seer.bench import PATH_BY_KEY, RANDOM_CONFIGS
+    from trt_seer.bench.model import RANDOM_CONFIGS
+    from trt_seer.bench.paths import PATH_BY_KEY
 
     p = subparsers.add_parser("bench", help="speed, memory, size, cost and accuracy per precision and runtime",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -78,7 +81,8 @@ def spec_from_args(args):
     from dataclasses import replace
     from pathlib import Path
 
-    from trt_seer.bench import BenchSpec, quick, select_paths
+    from trt_seer.bench.paths import select_paths
+    from trt_seer.bench.plan import BenchSpec, quick
     from trt_seer.errors import InputError
 
     if args.model and args.model_config:
@@ -93,7 +97,7 @@ def spec_from_args(args):
 
 def run(args) -> int:
     from trt_seer.bench import report as benchreport
-    from trt_seer.bench import bench
+    from trt_seer.bench.run import bench
     from trt_seer.files import ensure_out_dir
 
     spec = spec_from_args(args)

@@ -100,7 +100,7 @@ def run(args) -> int:
 def _int8_benefit(art) -> None:
     """Says plainly when INT8 does not pay off against FP16 (sizes, and latency once `bench` ran)."""
     from trt_seer.engine import manifest
-    from trt_seer.bench import int8_benefit_warning
+    from trt_seer.bench.verdict import int8_benefit_warning
 
     int8 = manifest.read_engine_manifest(manifest.engine_manifest_path(art.path("int8.engine")))
     fp16_path = manifest.engine_manifest_path(art.path("fp16.engine"))

@@ -1,0 +1,87 @@
+"""What this machine offers `bench`: CPU, GPU (as PyTorch and as the engine runtime see it),
+BF16 and quantized-CPU support, ONNX Runtime and TensorRT versions."""
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Host:
+    cpu: str
+    cores: int
+    gpu: str | None  # "NVIDIA H200", as PyTorch or the engine runtime sees it
+    torch_gpu_reason: str | None  # why PyTorch cannot use a GPU here; None when it can
+    bf16: bool
+    torch_int8: bool
+    onnxruntime: str | None  # version
+    tensorrt: dict | None  # {"flavor", "version"} when a flavor imports
+    engine_reason: str | None  # why engines cannot run here; None when they can
+    versions: dict
+
+    def machine(self, threads: int | None) -> dict:
+        return {"cpu": self.cpu, "cores": self.cores, "threads": threads, "gpu": self.gpu}
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what platform reports."""
+    cpuinfo = Path("/proc/cpuinfo")  # Linux; platform.processor() names it elsewhere
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or platform.machine()
+
+
+def machine_text(gpu: str | None = None) -> str:
+    """One line for a BENCHMARKS.md header: CPU and cores, GPU (when given), OS and Python."""
+    where = f"; {gpu}" if gpu else ""
+    return (f"{cpu_name()}, {os.cpu_count()} cores{where}; {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}")
+
+
+def _torch_gpu() -> tuple[str | None, str | None, bool]:
+    """(GPU name, why PyTorch has no GPU or None, BF16 support)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, f"no CUDA GPU visible to PyTorch {torch.__version__} (torch.cuda.is_available() is False)", False
+    return torch.cuda.get_device_name(0), None, bool(torch.cuda.is_bf16_supported())
+
+
+def _engine_facts() -> tuple[dict | None, str | None, str | None]:
+    """(TensorRT flavor, GPU name as cuda-python sees it, why engines cannot run here or None)."""
+    from trt_seer import runtime
+    from trt_seer.engine import trt
+    from trt_seer.runtime import cuda
+
+    flavor = trt.load().describe() if trt.available() else None
+    gpu = None if cuda.gpu_unavailable_reason() else cuda.device_info(0).name
+    return flavor, gpu, runtime.tensorrt_unavailable_reason()
+
+
+def _versions() -> dict:
+    import importlib.util
+
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    if importlib.util.find_spec("onnxruntime"):
+        import onnxruntime
+
+        out["onnxruntime"] = onnxruntime.__version__
+    return out
+
+
+def probe_host() -> Host:
+    """What this machine offers; imports torch (and TensorRT, if installed) but starts no work."""
+    import torch
+
+    torch_gpu, torch_reason, bf16 = _torch_gpu()
+    flavor, engine_gpu, engine_reason = _engine_facts()
+    versions = _versions()
+    if flavor:
+        versions[flavor["flavor"]] = flavor["version"]
+    quant = {"fbgemm", "x86", "qnnpack", "onednn"} & set(torch.backends.quantized.supported_engines)
+    return Host(cpu_name(), os.cpu_count() or 1, torch_gpu or engine_gpu, torch_reason, bf16, bool(quant),
+                versions.get("onnxruntime"), flavor, engine_reason, versions)
