@@ -156,9 +156,9 @@ def test_fp16_loss_scaler_counts_overflowed_steps(toy):
 
 # -- gradient accumulation -----------------------------------------------------------------------
 
-def grads_after(model_dir: Path, data_spec: DataSpec, micro_sizes: list[int],
-                task: str = "text-classification") -> dict:
-    """Gradients after one optimizer step's backward over micro-batches of the given sizes."""
+def step_once(model_dir: Path, data_spec: DataSpec, micro_sizes: list[int], task: str = "text-classification"):
+    """One optimizer step's backward over the first training examples, in micro-batches of the
+    given sizes. Returns (gradients by parameter name, the step's loss, the collated micro-batches)."""
     import torch
 
     from trt_seer.finetune.distributed import Context
@@ -176,8 +176,13 @@ def grads_after(model_dir: Path, data_spec: DataSpec, micro_sizes: list[int],
     starts = [sum(micro_sizes[:i]) for i in range(len(micro_sizes))]
     indices = [list(range(s, s + n)) for s, n in zip(starts, micro_sizes)]
     micro = [data.collate(encoded, i, tokenizer.pad_token_id) for i in indices]
-    backward(tr, micro, sum(objective.units(encoded, i) for i in indices))
-    return {name: p.grad.clone() for name, p in tr.module.named_parameters()}
+    loss, _ = backward(tr, [dict(m) for m in micro], sum(objective.units(encoded, i) for i in indices))
+    return {name: p.grad.clone() for name, p in tr.module.named_parameters()}, float(loss), micro
+
+
+def grads_after(model_dir: Path, data_spec: DataSpec, micro_sizes: list[int],
+                task: str = "text-classification") -> dict:
+    return step_once(model_dir, data_spec, micro_sizes, task)[0]
 
 
 def assert_same_gradients(accumulated: dict, large: dict) -> None:
@@ -502,6 +507,19 @@ def test_causal_lm_zero1_two_gloo_processes_match_one_process(lm):
     assert len(losses[0]) == len(losses[1]) == 6
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
     assert json.loads((lm / "zero" / "training.json").read_text())["settings"]["effective_batch"] == 4
+
+
+def test_causal_lm_step_loss_is_the_transformers_token_mean(lm):
+    """The loss trained on is what transformers computes for the batch: mean over predicted tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _, loss, (batch,) = step_once(lm / "llama", DataSpec(train=lm / "corpus.txt"), [8], "causal-lm")
+    assert (batch["labels"] == -100).any()  # lines differ in length: the batch has padding
+    model = AutoModelForCausalLM.from_pretrained(str(lm / "llama")).eval()
+    with torch.no_grad():
+        expected = model(**batch).loss  # shifts the labels and ignores -100 itself
+    assert loss == pytest.approx(float(expected), rel=1e-5)
 
 
 def test_causal_lm_default_data_is_the_calib_corpus():
