@@ -1,8 +1,9 @@
 """trt_seer.finetune on tiny BERT checkpoints (CPU): AMP, gradient accumulation, ZeRO-1 over two
-gloo processes, the output checkpoint, metrics and bad input."""
+gloo processes, the output checkpoint, metrics and bad input; and --task causal-lm on a tiny Llama."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -155,37 +156,49 @@ def test_fp16_loss_scaler_counts_overflowed_steps(toy):
 
 # -- gradient accumulation -----------------------------------------------------------------------
 
-def grads_after(tmp: Path, model_dir: Path, micro_sizes: list[int]) -> dict:
-    """Gradients after one optimizer step's backward over micro-batches of the given sizes."""
+def step_once(model_dir: Path, data_spec: DataSpec, micro_sizes: list[int], task: str = "text-classification"):
+    """One optimizer step's backward over the first training examples, in micro-batches of the
+    given sizes. Returns (gradients by parameter name, the step's loss, the collated micro-batches)."""
     import torch
 
-    from trt_seer.export.families import resolve_model
     from trt_seer.finetune.distributed import Context
+    from trt_seer.finetune.objective import for_task
     from trt_seer.finetune.train import backward, make_trainer
 
-    info = resolve_model(model_dir, "text-classification")
+    objective = for_task(task)
+    info = checkpoint.resolve(model_dir, task)
     tokenizer = checkpoint.load_tokenizer(info)
-    dataset = data.load_dataset(DataSpec(train=tmp / "train.jsonl", eval=tmp / "eval.jsonl"))
-    encoded = data.encode(dataset.train, tokenizer, 64)
-    model = checkpoint.load_model(info, dataset.labels, tokenizer.pad_token_id, seed=0)
-    tr = make_trainer(model, spec(tmp, model_dir, accum=len(micro_sizes)), Context(torch.device("cpu")), 10, 0)
+    dataset = objective.load_data(data_spec)
+    encoded = objective.encode(dataset.train, tokenizer, 64)
+    model = objective.load_model(info, dataset, tokenizer.pad_token_id, seed=0)
+    run = FinetuneSpec(model=model_dir, task=task, data=data_spec, accum=len(micro_sizes), device="cpu")
+    tr = make_trainer(model, run, Context(torch.device("cpu")), 10, tokenizer.pad_token_id)
     starts = [sum(micro_sizes[:i]) for i in range(len(micro_sizes))]
-    micro = [data.collate(encoded, list(range(s, s + n)), tokenizer.pad_token_id)
-             for s, n in zip(starts, micro_sizes)]
-    backward(tr, micro, sum(micro_sizes))
-    return {name: p.grad.clone() for name, p in tr.module.named_parameters()}
+    indices = [list(range(s, s + n)) for s, n in zip(starts, micro_sizes)]
+    micro = [data.collate(encoded, i, tokenizer.pad_token_id) for i in indices]
+    loss, _ = backward(tr, [dict(m) for m in micro], sum(objective.units(encoded, i) for i in indices))
+    return {name: p.grad.clone() for name, p in tr.module.named_parameters()}, float(loss), micro
 
 
-@pytest.mark.parametrize("micro_sizes", [[4, 4, 4, 4], [5, 5, 3]])
-def test_accumulated_gradients_equal_one_large_batch(toy, micro_sizes):
+def grads_after(model_dir: Path, data_spec: DataSpec, micro_sizes: list[int],
+                task: str = "text-classification") -> dict:
+    return step_once(model_dir, data_spec, micro_sizes, task)[0]
+
+
+def assert_same_gradients(accumulated: dict, large: dict) -> None:
     import torch
 
-    accumulated = grads_after(toy, toy / "bert", micro_sizes)
-    large = grads_after(toy, toy / "bert", [sum(micro_sizes)])
     assert accumulated.keys() == large.keys()
     for name, g in large.items():
         assert g.abs().sum() > 0, name
         torch.testing.assert_close(accumulated[name], g, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("micro_sizes", [[4, 4, 4, 4], [5, 5, 3]])
+def test_accumulated_gradients_equal_one_large_batch(toy, micro_sizes):
+    files = DataSpec(train=toy / "train.jsonl", eval=toy / "eval.jsonl")
+    assert_same_gradients(grads_after(toy / "bert", files, micro_sizes),
+                          grads_after(toy / "bert", files, [sum(micro_sizes)]))
 
 
 # -- ZeRO-1 over two processes -------------------------------------------------------------------
@@ -372,3 +385,174 @@ def test_finetune_output_builds_an_fp16_engine(trained, tmp_path):
     assert m["task"] == "text-classification" and m["io"]["outputs"][0]["name"] == "logits"
     assert (tmp_path / m["engine"]["file"]).stat().st_size == m["engine"]["size_bytes"]
     assert m["accuracy_of_source_graph"]["onnx_vs_fp32"]["top1_agreement"] >= 0.95
+
+
+# -- causal-lm ---------------------------------------------------------------------------------
+
+LM_SPECIAL = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2 as in tiny.py's decoders; no pad token
+LM_WORDS = [f"v{k}" for k in range(40)]
+
+
+def save_lm_tokenizer(dest: Path) -> None:
+    """A word-level tokenizer that prepends <s> (as Llama's does) and has no pad token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(LM_SPECIAL + LM_WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                            model_input_names=["input_ids", "attention_mask"]).save_pretrained(str(dest))
+
+
+def lm_lines(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(LM_WORDS) for _ in range(rng.randint(4, 10))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory) -> Path:
+    """A tiny random Llama (causal LM) with its tokenizer, and 8 lines of text."""
+    tmp = tmp_path_factory.mktemp("lm")
+    make_tiny_checkpoint("llama", "causal-lm", tmp / "llama")
+    save_lm_tokenizer(tmp / "llama")
+    (tmp / "corpus.txt").write_text("\n".join(lm_lines(8, seed=1)) + "\n")
+    return tmp
+
+
+def lm_spec(lm: Path, out: str, **kw) -> FinetuneSpec:
+    files = DataSpec(train=lm / "corpus.txt", eval=lm / "corpus.txt")
+    return FinetuneSpec(out=lm / out, model=lm / "llama", task="causal-lm", device="cpu",
+                        **{"data": files, "lr": 1e-2, "batch": 4, **kw})
+
+
+@pytest.fixture(scope="module")
+def lm_trained(lm) -> Path:
+    """bf16, 15 epochs x 2 steps over the same 8 lines (memorisation), evaluated on them."""
+    return finetune(lm_spec(lm, "lm-out", amp=AmpSpec("bf16"), epochs=15))
+
+
+def test_causal_lm_memorises_a_repeated_corpus(lm_trained):
+    rows = monitor.read_metrics(lm_trained / "metrics.jsonl")
+    steps, epochs = [r for r in rows if r["kind"] == "step"], [r for r in rows if r["kind"] == "epoch"]
+    assert len(steps) == 30 and len(epochs) == 15
+    assert steps[-1]["loss"] < 0.5 * steps[0]["loss"]
+    assert epochs[-1]["eval_loss"] < 0.5 * epochs[0]["eval_loss"]
+    for e in epochs:
+        assert "eval_accuracy" not in e
+        assert math.isfinite(e["eval_perplexity"]) and e["eval_perplexity"] == pytest.approx(math.exp(e["eval_loss"]))
+    record = json.loads((lm_trained / "training.json").read_text())
+    assert record["task"] == "causal-lm" and record["data"]["labels"] == []
+    assert record["data"]["train_examples"] == record["data"]["eval_examples"] == 8
+    assert record["metrics"]["final"] == {k: epochs[-1][k] for k in ("train_loss", "eval_loss", "eval_perplexity")}
+    assert (lm_trained / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_causal_lm_output_reloads_with_transformers(lm_trained, lm):
+    """A plain HF causal-LM directory: the reloaded model's loss on the corpus is the recorded one."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = json.loads((lm_trained / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["pad_token_id"] is not None
+    tokenizer = AutoTokenizer.from_pretrained(str(lm_trained))
+    assert tokenizer.pad_token == tokenizer.eos_token == "</s>"  # pad = eos: the base had no pad token
+    model = AutoModelForCausalLM.from_pretrained(str(lm_trained)).eval()
+    lines = (lm / "corpus.txt").read_text().splitlines()
+    total, predicted = 0.0, 0
+    with torch.no_grad():
+        for line in lines:
+            ids = torch.tensor([tokenizer(line)["input_ids"] + [tokenizer.eos_token_id]])  # (1, seq)
+            total += model(input_ids=ids, labels=ids).loss.item() * (ids.shape[1] - 1)  # HF: mean over seq - 1
+            predicted += ids.shape[1] - 1
+    mean = total / predicted
+    final = json.loads((lm_trained / "training.json").read_text())["metrics"]["final"]
+    assert mean == pytest.approx(final["eval_loss"], rel=0.05)  # the run evaluated under bf16 autocast
+    assert not leftovers(lm)
+
+
+def test_causal_lm_documents_get_eos_and_padding_is_ignored(lm):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(lm / "llama"))
+    docs = [data.Example("v1 v2"), data.Example("v3 v4 v5 v6 v7 v8")]
+    encoded = data.encode_documents(docs, tokenizer, max_seq=5)
+    assert [f["input_ids"] for f in encoded.features] == [[1, 4, 5, 2], [1, 6, 7, 8, 9]]  # cut short: no EOS
+    batch = data.collate(encoded, [0, 1], pad_id=2)
+    assert batch["labels"].tolist() == [[1, 4, 5, 2] + [-100] * 4, [1, 6, 7, 8, 9] + [-100] * 3]
+    assert batch["input_ids"][0].tolist() == [1, 4, 5, 2, 2, 2, 2, 2]  # padded with EOS, labelled -100
+
+
+@pytest.mark.parametrize("micro_sizes", [[3, 3, 2], [1, 7]])
+def test_causal_lm_accumulated_gradients_equal_one_large_batch(lm, micro_sizes):
+    """Lines of different lengths, so micro-batches pad differently and hold different token counts."""
+    files = DataSpec(train=lm / "corpus.txt", eval=lm / "corpus.txt")
+    assert_same_gradients(grads_after(lm / "llama", files, micro_sizes, "causal-lm"),
+                          grads_after(lm / "llama", files, [8], "causal-lm"))
+
+
+@pytest.mark.slow
+def test_causal_lm_zero1_two_gloo_processes_match_one_process(lm):
+    """The token-weighted loss under torchrun: 2 processes x batch 2 with ZeRO-1 == 1 x batch 4."""
+    args = ["--task", "causal-lm", "--model", str(lm / "llama"), "--train", str(lm / "corpus.txt"),
+            "--device", "cpu", "--lr", "1e-2", "--epochs", "3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "-m", "trt_seer", "finetune", *args, "--batch", "2", "--zero1", "--out", str(lm / "zero")],
+                       capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    single = finetune(lm_spec(lm, "single", data=DataSpec(train=lm / "corpus.txt"), epochs=3))
+    losses = [[r["loss"] for r in monitor.read_metrics(d / "metrics.jsonl") if r["kind"] == "step"]
+              for d in (lm / "zero", single)]
+    assert len(losses[0]) == len(losses[1]) == 6
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+    assert json.loads((lm / "zero" / "training.json").read_text())["settings"]["effective_batch"] == 4
+
+
+def test_causal_lm_step_loss_is_the_transformers_token_mean(lm):
+    """The loss trained on is what transformers computes for the batch: mean over predicted tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _, loss, (batch,) = step_once(lm / "llama", DataSpec(train=lm / "corpus.txt"), [8], "causal-lm")
+    assert (batch["labels"] == -100).any()  # lines differ in length: the batch has padding
+    model = AutoModelForCausalLM.from_pretrained(str(lm / "llama")).eval()
+    with torch.no_grad():
+        expected = model(**batch).loss  # shifts the labels and ignores -100 itself
+    assert loss == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_causal_lm_default_data_is_the_calib_corpus():
+    dataset = data.load_corpus(DataSpec())
+    corpus = Path(__file__).resolve().parents[1] / "calib" / "default.txt"
+    lines = [line for line in corpus.read_text().splitlines() if line.strip()]
+    assert dataset.source == "calib/default.txt" and [e.text for e in dataset.train] == lines
+    assert len(dataset.eval) > 100 and all(e.label is None for e in dataset.train + dataset.eval)
+
+
+def test_causal_lm_jsonl_text_field_and_held_out_tenth(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"body": f"document {i}"} for i in range(20)])
+    dataset = data.load_corpus(DataSpec(train=path, text_field="body"))
+    assert [e.text for e in dataset.eval] == ["document 9", "document 19"] and len(dataset.train) == 18
+
+
+LM_BAD = {
+    "encoder checkpoint": (None, "text", [], "needs a"),
+    "empty corpus": (None, "\n  \n", [], "has no examples"),
+    "jsonl without the text field": ("c.jsonl", '{"content": "a b"}\n', [], "no field 'text'"),
+    "num-labels": (None, "v1 v2\n", ["--num-labels", "3"], "--num-labels is for text-classification"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LM_BAD))
+def test_causal_lm_bad_input_is_one_line_exit_2_and_writes_nothing(lm, toy, tmp_path, capsys, case):
+    name, text, extra, needle = LM_BAD[case]
+    train = tmp_path / (name or "c.txt")
+    train.write_text(text)
+    model = toy / "bert" if case == "encoder checkpoint" else lm / "llama"
+    code = main(["finetune", "--task", "causal-lm", "--model", str(model), "--train", str(train),
+                 "--device", "cpu", "--out", str(tmp_path / "out"), *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [train.name]

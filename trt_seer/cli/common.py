@@ -45,12 +45,12 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, task_help: str | None = None) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", metavar="DIR", default=None,
                    help="Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
     g.add_argument("--task", choices=sorted(TASKS), default=None,
-                   help="what the model computes (default: inferred from config.json 'architectures')")
+                   help=task_help or "what the model computes (default: inferred from config.json 'architectures')")
 
 
 def add_profile_args(p: argparse.ArgumentParser) -> None:

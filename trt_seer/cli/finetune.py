@@ -1,8 +1,14 @@
-"""`trt-seer finetune`: mixed-precision fine-tuning for text classification -> a Hugging Face
-checkpoint directory that `build --model DIR` takes.
+"""`trt-seer finetune`: mixed-precision fine-tuning for text classification or causal language
+modelling -> a Hugging Face checkpoint directory that `build --model DIR` takes.
 
 With no --model and no --train: all-MiniLM-L6-v2 on the embedded topics corpus (sports, health,
 business, tech). Several GPUs: torchrun --nproc-per-node N -m trt_seer finetune ... [--zero1].
+
+--task causal-lm (a gpt2 / llama / qwen2 / mistral checkpoint): next-token loss on plain text, one
+document per line of a .txt file or per --text-field of .jsonl / .csv (default: calib/default.txt,
+evaluated on calib/heldout.txt). Documents are padded, not packed: each is one sequence truncated
+to --max-seq tokens with EOS appended, and the loss ignores padding (label -100); eval reports
+perplexity. A tokenizer without a pad token pads with its EOS token, and is saved that way.
 """
 from __future__ import annotations
 
@@ -15,9 +21,11 @@ log = logging.getLogger("trt_seer")
 
 
 def add_parser(subparsers, common):
-    p = subparsers.add_parser("finetune", help="fine-tune a checkpoint for text classification (AMP, DDP, ZeRO-1)",
+    p = subparsers.add_parser("finetune", help="fine-tune a checkpoint for text classification or as a causal LM "
+                                              "(AMP, DDP, ZeRO-1)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common.add_model_args(p)
+    common.add_model_args(p, task_help="text-classification (default) or causal-lm (decoders: next-token "
+                                       "loss on plain text)")
     _data_args(p.add_argument_group("data"), common)
     _training_args(p.add_argument_group("training"), common)
     _amp_args(p.add_argument_group("mixed precision"))
@@ -29,7 +37,7 @@ def add_parser(subparsers, common):
     s.add_argument("--device", default="auto", metavar="{auto,cuda,cpu}",
                    help="where to train (default: auto, the GPU when CUDA works)")
     p.add_argument("--out", metavar="DIR", default=None,
-                   help="checkpoint directory to write (default: out/<model>-text-classification/); "
+                   help="checkpoint directory to write (default: out/<model>-<task>/); "
                         "replaced only when the run succeeds")
     common.add_verbosity(p)
     p.set_defaults(handler=run)
@@ -38,16 +46,19 @@ def add_parser(subparsers, common):
 
 def _data_args(g, common) -> None:
     g.add_argument("--train", metavar="FILE", default=None,
-                   help=".jsonl or .csv with a text and a label field (default: the embedded topics corpus)")
+                   help=".jsonl or .csv with a text and a label field (default: the embedded topics corpus); "
+                        "causal-lm: .txt with one document per line, or .jsonl / .csv with a text field "
+                        "(default: calib/default.txt)")
     g.add_argument("--eval", metavar="FILE", default=None,
-                   help="evaluation data in the same format (default: every 10th training example)")
+                   help="evaluation data in the same format (default: every 10th training example; "
+                        "causal-lm without --train: calib/heldout.txt)")
     g.add_argument("--text-field", default="text", help="text field or column (default: text)")
     g.add_argument("--label-field", default="label",
                    help="label field or column: strings (names) or integers (ids) (default: label)")
     g.add_argument("--num-labels", type=common.positive_int, default=None, metavar="N",
                    help="number of classes (default: from the training labels)")
     g.add_argument("--max-seq", type=common.positive_int, default=128, metavar="N",
-                   help="truncate texts to N tokens (default: 128)")
+                   help="truncate texts (causal-lm: documents, EOS included) to N tokens (default: 128)")
 
 
 def _training_args(g, common) -> None:

@@ -1,15 +1,17 @@
-"""Mixed-precision fine-tuning: checkpoint + labelled text -> fine-tuned Hugging Face checkpoint
-(the input of `build`).
+"""Mixed-precision fine-tuning: checkpoint + labelled text (text-classification) or plain text
+(causal-lm) -> fine-tuned Hugging Face checkpoint (the input of `build`).
 
     python -m trt_seer finetune --amp bf16 --out ckpt/            # default model, embedded corpus
     torchrun --nproc-per-node 2 -m trt_seer finetune --train t.jsonl --amp fp16 --zero1 --out ckpt/
+    python -m trt_seer finetune --task causal-lm --model llama/ --train corpus.txt --out lm/
 
     from trt_seer.finetune import FinetuneSpec, AmpSpec, DataSpec, finetune
     finetune(FinetuneSpec(out=Path("ckpt"), amp=AmpSpec("bf16"), data=DataSpec(train=Path("t.jsonl"))))
 
 The output directory holds model.safetensors, config.json (id2label, label2id,
-architectures = *ForSequenceClassification), the tokenizer files, training.json (settings, metrics,
-hardware), metrics.jsonl and curves.png. It appears only when the run succeeded.
+architectures = *ForSequenceClassification; for causal-lm *ForCausalLM with a pad token), the
+tokenizer files (pad = EOS when the base tokenizer had no pad token), training.json (task,
+settings, metrics, hardware), metrics.jsonl and curves.png. It appears only when the run succeeded.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 from trt_seer.errors import InputError
 from trt_seer.finetune.spec import AMP_MODES, AmpSpec, DataSpec, FinetuneSpec
 
-FINAL = ("train_loss", "eval_loss", "eval_accuracy")  # training.json's metrics.final
+FINAL = ("train_loss", "eval_loss")  # training.json's metrics.final, with the task's eval metric
 
 __all__ = ["AMP_MODES", "AmpSpec", "DataSpec", "FinetuneSpec", "finetune"]
 
@@ -42,18 +44,18 @@ def finetune(spec: FinetuneSpec) -> Path:
 
 
 def _run(spec: FinetuneSpec, ctx) -> Path:
-    from trt_seer.export.families import resolve_model
     from trt_seer.finetune import checkpoint, distributed
-    from trt_seer.finetune.data import encode, load_dataset
+    from trt_seer.finetune.objective import for_task
 
-    info = resolve_model(spec.model, spec.task)
+    objective = for_task(spec.task)
+    info = checkpoint.resolve(spec.model, spec.task)
     out = Path(spec.out) if spec.out is not None else checkpoint.default_out(info)
     checkpoint.check_out(out)
-    dataset = load_dataset(spec.data)
+    dataset = objective.load_data(spec.data)
     tokenizer = checkpoint.load_tokenizer(info)
     max_seq = checkpoint.max_tokens(info, tokenizer, spec.data.max_seq)
-    train, evaluation = encode(dataset.train, tokenizer, max_seq), encode(dataset.eval, tokenizer, max_seq)
-    model = checkpoint.load_model(info, dataset.labels, tokenizer.pad_token_id, spec.seed)
+    train, evaluation = (objective.encode(part, tokenizer, max_seq) for part in (dataset.train, dataset.eval))
+    model = objective.load_model(info, dataset, tokenizer.pad_token_id, spec.seed)
     staged = checkpoint.stage(out) if ctx.is_main else None
     try:
         record = _train(spec, ctx, model, tokenizer, train, evaluation, staged)
@@ -80,8 +82,9 @@ def _train(spec, ctx, model, tokenizer, train, evaluation, staged: Path | None) 
     if staged is not None:
         checkpoint.save(tr.module, tokenizer, staged)
         monitor.plot_curves(staged / monitor.METRICS_FILE, staged / monitor.PLOT_FILE)
+    final = (*FINAL, tr.objective.metric)
     return {"settings": _settings(spec, ctx), "hardware": checkpoint.hardware(ctx),
-            "metrics": {"epochs": epochs, "final": {k: epochs[-1][k] for k in FINAL} if epochs else None,
+            "metrics": {"epochs": epochs, "final": {k: epochs[-1][k] for k in final} if epochs else None,
                         "optimizer_steps": tr.step, "skipped_steps": tr.skipped,
                         "optimizer_state_bytes_per_rank": state_bytes},
             "seconds": time.perf_counter() - started}
@@ -95,5 +98,5 @@ def _settings(spec: FinetuneSpec, ctx) -> dict:
 
 def _describe(info, dataset, train, evaluation, max_seq: int) -> dict:
     return {"task": info.task, "base_model": {"name": info.name, "path": str(info.path), "model_type": info.model_type},
-            "data": {"source": dataset.source, "train_examples": len(train.labels),
-                     "eval_examples": len(evaluation.labels), "labels": list(dataset.labels), "max_seq": max_seq}}
+            "data": {"source": dataset.source, "train_examples": len(train),
+                     "eval_examples": len(evaluation), "labels": list(dataset.labels), "max_seq": max_seq}}

@@ -1,9 +1,11 @@
-"""Checkpoint in, checkpoint out: load the base model with a fresh classification head and its
-tokenizer; save a standard Hugging Face checkpoint directory (weights, config with id2label /
-label2id, tokenizer) plus training.json, staged beside --out and renamed into place at the end.
+"""Checkpoint in, checkpoint out: load the base model (with a fresh classification head, or as a
+causal LM) and its tokenizer; save a standard Hugging Face checkpoint directory (weights, config
+with id2label / label2id or the LM's pad token, tokenizer) plus training.json, staged beside --out
+and renamed into place at the end.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import platform
@@ -13,8 +15,8 @@ import tempfile
 from pathlib import Path
 
 from trt_seer import __version__
-from trt_seer.errors import InputError
-from trt_seer.export.families import ModelInfo
+from trt_seer.errors import InputError, UnsupportedError
+from trt_seer.export.families import FAMILIES, ModelInfo, max_positions, resolve_model
 from trt_seer.files import atomic_write_json
 
 TRAINING_FILE = "training.json"
@@ -22,6 +24,16 @@ TRAINING_FILE = "training.json"
 
 def default_out(info: ModelInfo) -> Path:
     return Path("out") / f"{info.name}-{info.task}"
+
+
+def resolve(model: Path | None, task: str) -> ModelInfo:
+    """The checkpoint, to be fine-tuned for `task`; UnsupportedError if its family cannot do it."""
+    info = resolve_model(model, "feature-extraction")  # every family has it: checks all but the task
+    if task not in info.family.tasks:
+        able = sorted(name for name, family in FAMILIES.items() if task in family.tasks)
+        raise UnsupportedError(f"--task {task} needs a {' / '.join(able)} checkpoint, but {info.path} "
+                               f"is a {info.model_type} {info.family.kind}; pass --model DIR")
+    return dataclasses.replace(info, task=task)
 
 
 def check_out(out: Path) -> None:
@@ -75,7 +87,7 @@ def load_tokenizer(info: ModelInfo):
 
 def max_tokens(info: ModelInfo, tokenizer, wanted: int) -> int:
     """`wanted`, capped by what the tokenizer and the position embeddings allow."""
-    limits = [wanted, info.config.get("max_position_embeddings") or wanted, tokenizer.model_max_length]
+    limits = [wanted, max_positions(info) or wanted, tokenizer.model_max_length]
     return int(min(v for v in limits if isinstance(v, int) and v > 0))
 
 
@@ -95,6 +107,19 @@ def load_model(info: ModelInfo, labels: tuple[str, ...], pad_id: int, seed: int)
         transformers.logging.set_verbosity(verbosity)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = pad_id
+    return model
+
+
+def load_causal_lm(info: ModelInfo, pad_id: int, seed: int):
+    """FP32 *ForCausalLM; a checkpoint without a pad token gets the tokenizer's (its EOS)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)  # an LM head the checkpoint lacks (a bare base model) starts random
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(info.path), dtype=torch.float32)
+    for config in (model.config, getattr(model, "generation_config", None)):
+        if config is not None and getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = pad_id
     return model
 
 

@@ -2,11 +2,17 @@
 token features -> length-bucketed, dynamically padded batches.
 
     dataset = load_dataset(DataSpec(train=Path("train.jsonl"), eval=Path("eval.jsonl")))
-    train = encode(dataset.train, dataset.labels, tokenizer, max_seq=128)
+    train = encode(dataset.train, tokenizer, max_seq=128)
     for indices in plan_batches(train.lengths, 32, seed=0):
         batch = collate(train, indices, pad_id=tokenizer.pad_token_id)  # dict of (batch, seq) tensors
 
 Labels may be strings (mapped to ids in sorted order) or integers (used as ids).
+
+Causal-LM data (`load_corpus`, `encode_documents`) is plain text, one document per line of a .txt
+file (or one per row of .jsonl / .csv); default calib/default.txt, evaluated on calib/heldout.txt.
+Documents are padded, not packed: each is one sequence, truncated to max_seq, with the EOS token
+appended when it fits, so the model learns where a document ends. collate labels the padding
+-100, which the loss ignores.
 """
 from __future__ import annotations
 
@@ -25,13 +31,14 @@ TOPICS_SOURCE = "embedded:topics"
 BUCKET_POOL = 50  # batches whose examples are sorted by length together
 PAD_MULTIPLE = 8  # pad sequence length to a multiple of 8 (tensor-core friendly, fewer shapes)
 COMPILED_PAD_MULTIPLE = 32  # under torch.compile: few enough shapes that each compiles once
+IGNORE_INDEX = -100  # label of padding positions: cross_entropy's default ignore_index
 _INT = re.compile(r"-?\d+")
 
 
 @dataclass(frozen=True)
 class Example:
     text: str
-    label: str | int
+    label: str | int | None = None  # None: a causal-LM document
 
 
 @dataclass(frozen=True)
@@ -47,10 +54,14 @@ class Dataset:
 @dataclass(frozen=True)
 class Encoded:
     """Tokenised examples: per example a dict of unpadded int lists (no attention mask: collate
-    makes it), and its label id."""
+    makes it), and its label id. `labels` None: causal-LM documents, whose labels are their own
+    tokens."""
 
     features: list[dict[str, list[int]]]
-    labels: list[int]
+    labels: list[int] | None
+
+    def __len__(self) -> int:
+        return len(self.features)
 
     @property
     def lengths(self) -> list[int]:
@@ -70,6 +81,30 @@ def load_dataset(spec: DataSpec) -> Dataset:
         source = str(spec.train)
     train, evaluation, labels = assign_labels(train, evaluation, spec.num_labels)
     return Dataset(train, evaluation, labels, source)
+
+
+def load_corpus(spec: DataSpec) -> Dataset:
+    """Causal-LM documents: --train / --eval (.txt, .jsonl, .csv), or calib/default.txt and
+    calib/heldout.txt. Without --eval, every 10th training document is held out."""
+    if spec.train is None:
+        train, evaluation = (read_examples(_default_corpus(part), spec.text_field, None)
+                             for part in ("default", "heldout"))
+        return Dataset(train, evaluation, (), "calib/default.txt")
+    train = read_examples(Path(spec.train), spec.text_field, None)
+    if spec.eval is None:
+        train, evaluation = split(train)
+    else:
+        evaluation = read_examples(Path(spec.eval), spec.text_field, None)
+    return Dataset(train, evaluation, (), str(spec.train))
+
+
+def _default_corpus(split_name: str) -> Path:
+    from trt_seer.data import default_corpus
+
+    try:
+        return default_corpus(split_name)
+    except InputError as e:  # its message names build's --calib
+        raise InputError(f"the default text corpus calib/{split_name}.txt is missing; pass --train FILE") from e
 
 
 def topics_examples() -> tuple[list[Example], list[Example]]:
@@ -95,16 +130,19 @@ def split(examples: list[Example]) -> tuple[list[Example], list[Example]]:
     return kept, held
 
 
-def read_examples(path: Path, text_field: str, label_field: str) -> list[Example]:
-    """Examples from a .jsonl or .csv file with named text and label fields."""
+def read_examples(path: Path, text_field: str, label_field: str | None) -> list[Example]:
+    """Examples from a .jsonl or .csv file with named text and label fields. Without a label
+    field (causal-LM documents) a .txt file with one document per line is read too."""
     if not path.is_file():
         raise InputError(f"data file not found: {path}")
     readers = {".jsonl": _jsonl_rows, ".csv": _csv_rows}
+    if label_field is None:
+        readers[".txt"] = _txt_rows
     reader = readers.get(path.suffix.lower())
     if reader is None:
-        raise InputError(f"unsupported data file {path}: use .jsonl or .csv")
-    examples = [_example(row, where, text_field, label_field)
-                for where, row in reader(path, (text_field, label_field))]
+        raise InputError(f"unsupported data file {path}: use {' or '.join(readers)}")
+    fields = (text_field,) if label_field is None else (text_field, label_field)
+    examples = [_example(row, where, text_field, label_field) for where, row in reader(path, fields)]
     if not examples:
         raise InputError(f"data file {path} has no examples")
     return examples
@@ -114,6 +152,17 @@ def _jsonl_rows(path: Path, fields):
     from trt_seer.data import jsonl_rows
 
     return jsonl_rows(path)
+
+
+def _txt_rows(path: Path, fields):
+    """One row per non-blank line, its text under the text field."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path} is not UTF-8 text: {e.reason} at byte {e.start}") from e
+    for n, line in enumerate(lines, 1):
+        if line.strip():
+            yield f"{path}:{n}", {fields[0]: line}
 
 
 def _csv_rows(path: Path, fields):
@@ -127,14 +176,18 @@ def _csv_rows(path: Path, fields):
             yield f"{path}:{n}", row
 
 
-def _example(row: dict, where: str, text_field: str, label_field: str) -> Example:
-    for name, flag in ((text_field, "--text-field"), (label_field, "--label-field")):
+def _example(row: dict, where: str, text_field: str, label_field: str | None) -> Example:
+    fields = ((text_field, "--text-field"),) + (() if label_field is None else ((label_field, "--label-field"),))
+    for name, flag in fields:
         if row.get(name) is None:
             raise InputError(f"{where}: no field {name!r} (fields: {', '.join(map(str, row))}); "
                              f"name it with {flag}")
-    text, label = row[text_field], row[label_field]
+    text = row[text_field]
     if not isinstance(text, str) or not text.strip():
         raise InputError(f"{where}: field {text_field!r} must be a non-empty string")
+    if label_field is None:
+        return Example(text)
+    label = row[label_field]
     if isinstance(label, bool) or not isinstance(label, (str, int)):
         raise InputError(f"{where}: label {label!r} must be a string or an integer")
     if isinstance(label, str) and _INT.fullmatch(label.strip()):
@@ -181,6 +234,18 @@ def encode(examples: list[Example], tokenizer, max_seq: int) -> Encoded:
     return Encoded(features, [int(e.label) for e in examples])
 
 
+def encode_documents(examples: list[Example], tokenizer, max_seq: int) -> Encoded:
+    """Tokenises causal-LM documents, truncated to `max_seq` tokens; appends the EOS token to
+    each document that was not cut short and does not already end with it."""
+    if not examples:
+        return Encoded([], None)
+    eos = tokenizer.eos_token_id
+    rows = tokenizer([e.text for e in examples], truncation=True, max_length=max_seq)["input_ids"]
+    ids = [list(r) + ([eos] if eos is not None and len(r) < max_seq and (not r or r[-1] != eos) else [])
+           for r in rows]
+    return Encoded([{"input_ids": r} for r in ids], None)
+
+
 def plan_batches(lengths: list[int], size: int, seed: int | None = None) -> list[list[int]]:
     """Index batches of `size` with similar lengths. With a seed: shuffled, sorted by length
     within pools of BUCKET_POOL batches, and batch order shuffled (fresh seed each epoch).
@@ -202,7 +267,8 @@ def plan_batches(lengths: list[int], size: int, seed: int | None = None) -> list
 
 def collate(data: Encoded, indices: list[int], pad_id: int, multiple: int = PAD_MULTIPLE) -> dict:
     """Right-pads the chosen examples to the longest (rounded up to `multiple`).
-    Returns int64 tensors, each (batch, seq), plus `labels` (batch,)."""
+    Returns int64 tensors, each (batch, seq), plus `labels`: (batch,) class ids, or for causal-LM
+    documents (batch, seq) token ids with -100 on padding (the loss ignores those)."""
     import numpy as np
     import torch
 
@@ -214,5 +280,8 @@ def collate(data: Encoded, indices: list[int], pad_id: int, multiple: int = PAD_
         for r, i in enumerate(indices):
             rows[r, :lengths[r]] = data.features[i][key]
         batch[key] = rows
-    batch["labels"] = np.array([data.labels[i] for i in indices], dtype=np.int64)
+    if data.labels is None:
+        batch["labels"] = np.where(batch["attention_mask"], batch["input_ids"], IGNORE_INDEX)
+    else:
+        batch["labels"] = np.array([data.labels[i] for i in indices], dtype=np.int64)
     return {k: torch.from_numpy(v.astype(np.int64)) for k, v in batch.items()}

@@ -6,9 +6,10 @@ metrics.jsonl records:
    began, when the step's results were read), "grad_norm" (before clipping; null if inf/nan), "lr" (this step's),
    "loss_scale" (after the step; null unless fp16), "skipped" (fp16 overflow: no update)}
   {"kind": "epoch", "epoch", "step_end", "steps", "skipped_steps", "train_loss", "samples_per_s",
-   "tokens_per_s", "seconds", "peak_memory_bytes", "peak_memory_kind", "eval_loss", "eval_accuracy",
-   "loss_scale"}
-Losses are means over all ranks' examples; tokens count non-padding tokens.
+   "tokens_per_s", "seconds", "peak_memory_bytes", "peak_memory_kind", "eval_loss",
+   "eval_accuracy" (text-classification) | "eval_perplexity" (causal-lm: exp(eval_loss)), "loss_scale"}
+Losses are means over all ranks' examples (causal-lm: over predicted tokens, padding excluded);
+tokens count non-padding tokens.
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def plot_curves(metrics_path: Path, dest: Path) -> Path:
-    """Loss per step and per epoch, eval accuracy, and the fp16 loss scale, as a PNG."""
+    """Loss per step and per epoch, eval accuracy (or perplexity), and the fp16 loss scale, as a PNG."""
     from matplotlib.figure import Figure  # no pyplot: no global backend state
     from matplotlib.ticker import MaxNLocator
 
@@ -79,16 +80,15 @@ def plot_curves(metrics_path: Path, dest: Path) -> Path:
     steps = [r for r in rows if r["kind"] == "step"]
     epochs = [r for r in rows if r["kind"] == "epoch"]
     fig = Figure(figsize=(11, 3.6), layout="constrained")
-    loss_ax, acc_ax, scale_ax = fig.subplots(1, 3)
+    loss_ax, metric_ax, scale_ax = fig.subplots(1, 3)
     loss_ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], lw=0.8, alpha=0.6, label="train (step)")
     ends = [r["step_end"] for r in epochs]
     loss_ax.plot(ends, [r["train_loss"] for r in epochs], "o-", label="train (epoch)")
     loss_ax.plot(ends, [_nan(r["eval_loss"]) for r in epochs], "s-", label="eval")
     loss_ax.set(title="loss", xlabel="optimizer step")
     loss_ax.legend()
-    acc_ax.plot([r["epoch"] for r in epochs], [_nan(r["eval_accuracy"]) for r in epochs], "o-")
-    acc_ax.set(title="eval accuracy", xlabel="epoch", ylim=(0, 1))
-    acc_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _plot_eval_metric(metric_ax, epochs)
+    metric_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     scaled = [r for r in steps if r["loss_scale"] is not None]
     scale_ax.plot([r["step"] for r in scaled], [r["loss_scale"] for r in scaled], drawstyle="steps-post")
     scale_ax.set(title="fp16 loss scale" if scaled else "loss scale (fp16 only)", xlabel="optimizer step")
@@ -96,6 +96,19 @@ def plot_curves(metrics_path: Path, dest: Path) -> Path:
         scale_ax.set_yscale("log", base=2)
     fig.savefig(dest, dpi=100)
     return Path(dest)
+
+
+def _plot_eval_metric(ax, epochs: list[dict]) -> None:
+    """Eval accuracy (0..1), or for causal-lm runs eval perplexity (log scale)."""
+    if any("eval_perplexity" in r for r in epochs):
+        values = [r["eval_perplexity"] for r in epochs]
+        ax.plot([r["epoch"] for r in epochs], [_nan(v) for v in values], "o-")
+        ax.set(title="eval perplexity", xlabel="epoch")
+        if any(v is not None for v in values):  # log of nothing but NaN warns
+            ax.set_yscale("log")
+        return
+    ax.plot([r["epoch"] for r in epochs], [_nan(r["eval_accuracy"]) for r in epochs], "o-")
+    ax.set(title="eval accuracy", xlabel="epoch", ylim=(0, 1))
 
 
 def _nan(value: float | None) -> float:

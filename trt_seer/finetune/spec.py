@@ -9,7 +9,7 @@ from pathlib import Path
 from trt_seer.errors import InputError, UnsupportedError
 
 AMP_MODES = ("fp16", "bf16", "off")
-TASKS = ("text-classification",)
+TASKS = ("text-classification", "causal-lm")
 DEVICES = ("auto", "cuda", "cpu")
 
 
@@ -32,8 +32,9 @@ class AmpSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Training data. No `train`: the embedded topics corpus. No `eval`: every 10th training
-    example is held out for evaluation."""
+    """Training data. No `train`: the embedded topics corpus (causal-lm: calib/default.txt,
+    evaluated on calib/heldout.txt). No `eval`: every 10th training example is held out for
+    evaluation. Causal-lm reads only the text field (and .txt files, one document per line)."""
 
     train: Path | None = None
     eval: Path | None = None
@@ -56,9 +57,9 @@ class FinetuneSpec:
     """One run. `batch` is each process's micro-batch: an optimizer step sees
     batch x accum x processes examples."""
 
-    out: Path | None = None  # default: out/<model name>-text-classification
+    out: Path | None = None  # default: out/<model name>-<task>
     model: Path | None = None  # default: the embedded all-MiniLM-L6-v2
-    task: str = "text-classification"
+    task: str = "text-classification"  # or "causal-lm"
     data: DataSpec = DataSpec()
     amp: AmpSpec = AmpSpec()
     batch: int = 32
@@ -78,6 +79,8 @@ class FinetuneSpec:
         """Raises InputError for anything wrong that needs no file or library to find out."""
         if self.task not in TASKS:
             raise UnsupportedError(f"finetune supports --task {', '.join(TASKS)}, not {self.task!r}")
+        if self.task == "causal-lm" and self.data.num_labels is not None:
+            raise InputError("--num-labels is for text-classification; causal-lm predicts tokens")
         if self.device not in DEVICES:
             raise InputError(f"unknown --device {self.device!r}; choose auto, cuda or cpu")
         for name in ("batch", "accum", "epochs"):

@@ -2,11 +2,12 @@
 DDP `no_sync`, gradient clipping after unscaling, evaluation and per-epoch metrics.
 
 Weights and optimizer state stay FP32 ("master weights"); autocast runs matmuls in fp16/bf16.
-A step's loss is the sum of per-example losses divided by the examples in the whole optimizer
-step (all micro-batches, all ranks), so accumulated gradients equal one large batch's even when
-the last micro-batch is short. The host never waits for the step it just queued: a step's loss,
-gradient norm and loss scale are read once the next step is queued, and a non-finite gradient
-norm is how an fp16 overflow (a step the scaler skipped) is detected.
+A step's loss is the sum of per-unit losses divided by the units in the whole optimizer step (all
+micro-batches, all ranks), so accumulated gradients equal one large batch's even when the last
+micro-batch is short. The task's objective (objective.py) says what a unit is: an example for
+text-classification, a predicted token for causal-lm. The host never waits for the step it just
+queued: a step's loss, gradient norm and loss scale are read once the next step is queued, and a
+non-finite gradient norm is how an fp16 overflow (a step the scaler skipped) is detected.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from trt_seer.finetune import distributed
 from trt_seer.finetune.data import COMPILED_PAD_MULTIPLE, PAD_MULTIPLE, Encoded, collate, plan_batches
 from trt_seer.finetune.distributed import Context
 from trt_seer.finetune.monitor import Reporter, peak_memory, reset_peak_memory
+from trt_seer.finetune.objective import for_task
 from trt_seer.finetune.spec import AmpSpec, FinetuneSpec
 
 AMP_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -38,6 +40,7 @@ class Trainer:
     scheduler: object
     scaler: object
     pad_id: int
+    objective: object  # objective.Classification | objective.CausalLM
     clip_norm: float = 1.0
     max_steps: int | None = None
     one: object = None  # a device scalar 1.0: scaler.scale(one) reads the loss scale without waiting
@@ -100,13 +103,14 @@ def make_trainer(module, spec: FinetuneSpec, ctx: Context, total_steps: int, pad
                                            lr=spec.lr, betas=(0.9, 0.999), eps=1e-8)
     scheduler = make_scheduler(optimizer, total_steps, spec.warmup)
     return Trainer(ctx, spec.amp.mode, module, forward, ddp, optimizer, scheduler, make_scaler(spec.amp, ctx),
-                   pad_id, spec.clip_norm, spec.max_steps, torch.ones((), device=ctx.device),
+                   pad_id, for_task(spec.task), spec.clip_norm, spec.max_steps, torch.ones((), device=ctx.device),
                    pad_multiple=COMPILED_PAD_MULTIPLE if spec.compile else PAD_MULTIPLE)
 
 
-def backward(tr: Trainer, micro_batches: list[dict], step_examples: int):
+def backward(tr: Trainer, micro_batches: list[dict], step_units: int):
     """Forward + backward over one optimizer step's micro-batches on this rank; gradients are
-    all-reduced only on the last one. Returns (this rank's summed loss / step_examples, its
+    all-reduced only on the last one. `step_units`: the objective's units (examples or predicted
+    tokens) in the whole step, all ranks. Returns (this rank's summed loss / step_units, its
     non-padding tokens) as 0-dim device tensors: reading them would make the host wait."""
     import torch
 
@@ -118,10 +122,10 @@ def backward(tr: Trainer, micro_batches: list[dict], step_examples: int):
         labels = batch.pop("labels")
         with sync:
             with autocast(tr.ctx, tr.amp):
-                logits = tr.forward(**batch).logits  # (batch, num_labels)
-                loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-            # DDP averages gradients over ranks: multiply back so the result is a sum / step_examples
-            loss = loss * (tr.ctx.world / step_examples)
+                logits = tr.forward(**batch, **tr.objective.forward_kwargs).logits  # (batch, [seq,] classes)
+                loss = tr.objective.loss_sum(logits, labels)
+            # DDP averages gradients over ranks: multiply back so the result is a sum / step_units
+            loss = loss * (tr.ctx.world / max(step_units, 1))
             tr.scaler.scale(loss).backward()
         total += loss.detach()
         tokens += batch["attention_mask"].sum()
@@ -176,7 +180,8 @@ class Epoch:
 
     epoch: int
     start: float
-    loss_x_examples: float = 0.0
+    loss_sum: float = 0.0  # per-unit loss x units
+    units: int = 0
     examples: int = 0
     tokens: int = 0
 
@@ -193,12 +198,13 @@ def train_epoch(tr: Trainer, data: Encoded, plan: list, epoch: int, reporter: Re
             if tr.max_steps is not None and tr.step >= tr.max_steps:
                 break
             n, lr = sum(len(b) for b in step_batches), tr.scheduler.get_last_lr()[0]
+            units = sum(tr.objective.units(data, b) for b in step_batches)
             micro = [collate(data, b[tr.ctx.rank::tr.ctx.world], tr.pad_id, tr.pad_multiple) for b in step_batches]
-            loss, tokens = backward(tr, micro, n)
+            loss, tokens = backward(tr, micro, units)
             norm = optimizer_step(tr)
             # (loss, tokens) summed over ranks, grad norm, loss scale after the update: (4,)
             stats = [*distributed.sum_tensor(tr.ctx, torch.stack([loss, tokens])), norm, tr.scaler.scale(tr.one)]
-            queued = (tr.step, n, lr, torch.stack(stats))
+            queued = (tr.step, n, units, lr, torch.stack(stats))
             if pending is not None:
                 _finish_step(tr, reporter, run, *pending, bar)
             pending = queued
@@ -207,18 +213,18 @@ def train_epoch(tr: Trainer, data: Encoded, plan: list, epoch: int, reporter: Re
     _synchronize(tr.ctx)
     seconds = time.perf_counter() - run.start
     return {"steps": tr.step - first_step, "skipped_steps": tr.skipped - skipped,
-            "train_loss": run.loss_x_examples / max(run.examples, 1), "samples_per_s": run.examples / seconds,
+            "train_loss": run.loss_sum / max(run.units, 1), "samples_per_s": run.examples / seconds,
             "tokens_per_s": run.tokens / seconds, "seconds": seconds, **peak_memory(tr.ctx.device)}
 
 
-def _finish_step(tr: Trainer, reporter: Reporter, run: Epoch, step: int, examples: int, lr: float, stats,
-                 bar) -> None:
+def _finish_step(tr: Trainer, reporter: Reporter, run: Epoch, step: int, examples: int, units: int, lr: float,
+                 stats, bar) -> None:
     """Reads a queued step's numbers (waits for that step only), logs and records them."""
     loss, tokens, norm, scale = stats.tolist()
     skipped = tr.scaler.is_enabled() and not math.isfinite(norm)
     tr.skipped += skipped
-    run.loss_x_examples, run.examples, run.tokens = (run.loss_x_examples + loss * examples,
-                                                     run.examples + examples, run.tokens + int(tokens))
+    run.loss_sum, run.units = run.loss_sum + loss * units, run.units + units
+    run.examples, run.tokens = run.examples + examples, run.tokens + int(tokens)
     scale = scale if tr.scaler.is_enabled() else None
     if skipped:
         reporter.info(f"step {step}: fp16 gradients overflowed (inf/nan); update skipped, "
@@ -238,13 +244,14 @@ def _synchronize(ctx: Context) -> None:
         torch.cuda.synchronize(ctx.device)
 
 
-def evaluate(tr: Trainer, data: Encoded, batch: int) -> tuple[float | None, float | None]:
-    """Mean cross-entropy and accuracy over `data`, sharded over ranks. (None, None) if empty."""
+def evaluate(tr: Trainer, data: Encoded, batch: int) -> dict:
+    """The objective's eval metrics over `data` (eval_loss, eval_accuracy | eval_perplexity),
+    sharded over ranks; None values if `data` is empty."""
     import torch
 
-    if not data.labels:
-        return None, None
-    loss, correct = 0.0, 0
+    if not len(data):
+        return tr.objective.eval_metrics(None)
+    sums = [0.0] * len(tr.objective.eval_sums_names)  # a rank with an empty shard still joins all_sum
     shard = plan_batches(data.lengths, batch)[tr.ctx.rank::tr.ctx.world]
     tr.module.eval()
     with torch.no_grad():
@@ -252,12 +259,10 @@ def evaluate(tr: Trainer, data: Encoded, batch: int) -> tuple[float | None, floa
             inputs = to_device(collate(data, indices, tr.pad_id), tr.ctx)
             labels = inputs.pop("labels")
             with autocast(tr.ctx, tr.amp):
-                logits = tr.module(**inputs).logits.float()  # (batch, num_labels)
-            loss += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
-            correct += int((logits.argmax(-1) == labels).sum())
+                logits = tr.module(**inputs, **tr.objective.forward_kwargs).logits  # (batch, [seq,] classes)
+            sums = [a + b for a, b in zip(sums, tr.objective.eval_sums(logits, labels))]
     tr.module.train()
-    loss, correct, n = distributed.all_sum(tr.ctx, [loss, correct, len(data.labels) if tr.ctx.is_main else 0])
-    return loss / n, correct / n
+    return tr.objective.eval_metrics(distributed.all_sum(tr.ctx, sums))
 
 
 def fit(tr: Trainer, train: Encoded, evaluation: Encoded, spec: FinetuneSpec, reporter: Reporter) -> list[dict]:
@@ -267,18 +272,16 @@ def fit(tr: Trainer, train: Encoded, evaluation: Encoded, spec: FinetuneSpec, re
         if tr.max_steps is not None and tr.step >= tr.max_steps:
             break
         row = train_epoch(tr, train, epoch_plan(train, spec, tr.ctx, epoch - 1), epoch, reporter)
-        eval_loss, accuracy = evaluate(tr, evaluation, spec.batch)
-        row = {"kind": "epoch", "epoch": epoch, "step_end": tr.step, **row, "eval_loss": eval_loss,
-               "eval_accuracy": accuracy, "loss_scale": loss_scale(tr)}
+        row = {"kind": "epoch", "epoch": epoch, "step_end": tr.step, **row,
+               **evaluate(tr, evaluation, spec.batch), "loss_scale": loss_scale(tr)}
         reporter.record(row)
-        reporter.info(_epoch_line(row))
+        reporter.info(_epoch_line(row, tr.objective))
         epochs.append(row)
     return epochs
 
 
-def _epoch_line(row: dict) -> str:
-    evaluated = ("" if row["eval_loss"] is None else
-                 f", eval loss {row['eval_loss']:.4f}, accuracy {row['eval_accuracy']:.3f}")
+def _epoch_line(row: dict, objective) -> str:
+    evaluated = "" if row["eval_loss"] is None else objective.describe(row)
     scale = "" if row["loss_scale"] is None else f", loss scale {row['loss_scale']:g}"
     return (f"epoch {row['epoch']}: train loss {row['train_loss']:.4f}{evaluated}, "
             f"{row['samples_per_s']:.1f} samples/s, {row['tokens_per_s']:.0f} tokens/s, "
