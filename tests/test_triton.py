@@ -141,6 +141,7 @@ def test_onnx_artifact_served_by_onnxruntime(built, tmp_path):
     rc, out, err = cli(built / "tiny.fp16.onnx", "--repo", tmp_path, "--preferred-batch", "2,8")
     assert rc == 0, err
     model = Path(out.strip())
+    assert model.name == "tiny-fp16-onnx"
     cfg = read_config(model)
     assert cfg.platform == "onnxruntime_onnx" and cfg.max_batch_size == 32
     assert [(g.kind, list(g.profile)) for g in cfg.instance_group] == [(cfg.instance_group[0].KIND_CPU, [])]
@@ -297,6 +298,39 @@ def test_failed_copy_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="No space left on device"):
         triton_repo_from_artifact(engine, tmp_path / "repo", TritonSpec())
     assert os.listdir(tmp_path / "repo") == []
+
+
+@needs_schema
+def test_onnx_with_external_data(tmp_path):
+    """An ONNX graph whose weights live in `<file>.data`: both copied, and the served graph runs."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trt_seer.export import onnxio
+
+    bias = numpy_helper.from_array(np.arange(4, dtype=np.float32), "bias")
+    graph = helper.make_graph([helper.make_node("Add", ["x", "bias"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], [bias])
+    path = tmp_path / "g.fp32.onnx"
+    onnx.save_model(helper.make_model(graph), str(path), save_as_external_data=True,
+                    location=onnxio.data_path(path).name, size_threshold=0)
+    record = {"schema": 1, "kind": "onnx", "name": "g", "precision": "fp32", "sha256": onnxio.sha256(path),
+              "io": onnxio.describe_io(onnx.load(str(path), load_external_data=False))}
+    (tmp_path / "g.fp32.onnx.json").write_text(json.dumps(record))
+    rc, out, err = cli(tmp_path / "g.fp32.onnx.json", "--repo", tmp_path / "repo", "--max-batch-size", 8)
+    assert rc == 0, err
+    model = Path(out.strip())
+    assert model.name == "g-fp32-onnx"
+    assert tree(model / "1") == ["g.fp32.onnx.data", "model.onnx"]
+    cfg = read_config(model)
+    assert cfg.max_batch_size == 8 and list(cfg.dynamic_batching.preferred_batch_size) == [8]
+    assert_agrees(cfg, record, batching=True)
+    session = ort.InferenceSession(str(model / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + np.arange(4))
 
 
 def test_spec_checks_its_own_values():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.engine.profiles import PAST_PREFIX
-from trt_seer.errors import InputError, UnsupportedError
+from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 from trt_seer.export import onnxio
 from trt_seer.export.families import ShapeProfile
 from trt_seer.files import ensure_out_dir, sha256_file
@@ -104,9 +104,11 @@ def check_servable(a: Artifact) -> None:
 
 
 def default_name(a: Artifact) -> str:
+    """`<name>-<precision>` for an engine, `<name>-<precision>-onnx` for its ONNX graph (no clash)."""
     m = a.manifest
-    base = m.get("name") or a.path.name.split(".")[0]
-    return f"{base}-{m['precision']}" if m.get("precision") else base
+    parts = [m.get("name") or a.path.name.split(".")[0], m.get("precision")]
+    parts += ["onnx"] if a.platform == config.ONNXRUNTIME else []
+    return "-".join(p for p in parts if p)
 
 
 def comments(a: Artifact) -> list[str]:
@@ -131,7 +133,7 @@ def config_text(a: Artifact, spec: config.TritonSpec) -> str:
     if schema.available():
         parsed = schema.parse(text)
         if parsed.max_batch_size != cfg["max_batch_size"] or len(parsed.input) != len(cfg["input"]):
-            raise InputError(f"config.pbtxt for {a.path.name} reads back differently under Triton's schema")
+            raise TrtSeerError(f"config.pbtxt for {a.path.name} reads back differently under Triton's schema")
     else:
         log.warning("tritonclient not installed (pip install 'trt-seer[serve]'): "
                     "config.pbtxt not checked against Triton's schema")
