@@ -333,6 +333,18 @@ def test_onnx_with_external_data(tmp_path):
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + np.arange(4))
 
 
+def test_without_tritonclient_writes_and_warns(tmp_path):
+    """The base install (no tritonclient) still writes the entry and says the schema check did not run."""
+    engine = write_engine(tmp_path / "e")
+    hide = ("import sys; sys.modules['tritonclient'] = None  # Python's own 'not importable' marker\n"
+            "from trt_seer.cli import main; sys.exit(main(sys.argv[1:]))\n")
+    r = subprocess.run([sys.executable, "-c", hide, "triton", str(engine), "--repo", str(tmp_path / "repo")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "config.pbtxt not checked against Triton's schema" in r.stderr
+    assert (tmp_path / "repo" / "m-fp16" / "config.pbtxt").is_file()
+
+
 def test_spec_checks_its_own_values():
     with pytest.raises(InputError, match="--instances must be >= 1"):
         TritonSpec(instances=0)
