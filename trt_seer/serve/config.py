@@ -24,6 +24,13 @@ TENSORRT, ONNXRUNTIME = "tensorrt_plan", "onnxruntime_onnx"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
+def check_name(name: str) -> str:
+    """A model name that is one directory and one URL segment (/v2/models/<name>)."""
+    if not _NAME.match(name):
+        raise InputError(f"--name {name!r}: use letters, digits, '_', '.', '-' (not starting with '.')")
+    return name
+
+
 @dataclass(frozen=True)
 class TritonSpec:
     """What the user chose; None means "derive it from the manifest".
@@ -45,8 +52,8 @@ class TritonSpec:
     overwrite: bool = False
 
     def __post_init__(self):
-        if self.name is not None and not _NAME.match(self.name):
-            raise InputError(f"--name {self.name!r}: use letters, digits, '_', '.', '-' (not starting with '.')")
+        if self.name is not None:
+            check_name(self.name)
         if self.instances < 1:
             raise InputError(f"--instances must be >= 1, got {self.instances}")
         if self.max_queue_delay_us < 0:

@@ -108,7 +108,7 @@ def default_name(a: Artifact) -> str:
     m = a.manifest
     parts = [m.get("name") or a.path.name.split(".")[0], m.get("precision")]
     parts += ["onnx"] if a.platform == config.ONNXRUNTIME else []
-    return "-".join(p for p in parts if p)
+    return config.check_name("-".join(p for p in parts if p))
 
 
 def comments(a: Artifact) -> list[str]:
