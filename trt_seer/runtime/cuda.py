@@ -145,6 +145,11 @@ def stream_handle(stream):
     return stream
 
 
+def synchronize(stream: "Stream | int") -> None:
+    """Blocks until the work on `stream` (a `Stream` or a raw handle) has completed."""
+    cuda_call(cudart().cudaStreamSynchronize(stream_handle(stream)), "cudaStreamSynchronize")
+
+
 def wait_event(stream: "Stream | int", event: "Event") -> None:
     """Later work on `stream` waits until `event` has completed (no host block)."""
     cuda_call(cudart().cudaStreamWaitEvent(stream_handle(stream), event.handle, 0), "cudaStreamWaitEvent")
