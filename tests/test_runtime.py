@@ -246,7 +246,7 @@ def test_device_outputs_need_the_tensorrt_backend(tiny_onnx):
 def test_close_waits_for_the_calls_inside_and_refuses_later_ones():
     from trt_seer.runtime.base import CallGate
 
-    gate, inside, closed = CallGate("m.onnx"), threading.Event(), threading.Event()
+    gate, closed = CallGate("m.onnx"), threading.Event()
     gate.enter()
     closer = threading.Thread(target=lambda: (gate.close(), closed.set()))
     closer.start()

@@ -21,7 +21,7 @@ from trt_seer.runtime.base import CallGate, Pending
 if TYPE_CHECKING:
     from trt_seer.runtime.engine import TensorRTModel
 
-CACHE_LIMIT = 256  # per-slot entries of the shape-keyed caches (output shapes, host views)
+CACHE_LIMIT = 256  # output shapes kept per slot (one entry per input shape seen)
 
 
 def nbytes(shape, dtype) -> int:
@@ -46,7 +46,6 @@ class Slot:
         self.dirty = True
         self.graphs: collections.OrderedDict = collections.OrderedDict()
         self._out_shapes: dict[tuple, dict[str, tuple[int, ...]]] = {}
-        self._views: dict[tuple, np.ndarray] = {}
         self.output_names = model.output_names
         max_out = self._max_output_shapes(model)
         self.outputs = {s.name: cuda.HostDeviceBuffer(nbytes(max_out[s.name], s.dtype)) for s in model.outputs}
@@ -92,21 +91,10 @@ class Slot:
             else:
                 self.foreign.add(name)
 
-    def host_view(self, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-        """A numpy view of output `name`'s pinned buffer, kept per shape (no per-call allocation)."""
-        key = (name, shape)
-        view = self._views.get(key)
-        if view is None:
-            view = self.outputs[name].host_view(shape, dtype)
-            if len(self._views) < CACHE_LIMIT:
-                self._views[key] = view
-        return view
-
     def close(self) -> None:
         for graph in self.graphs.values():
             graph.close()
         self.graphs.clear()
-        self._views.clear()
         self.context = None
         for buf in (*self.inputs.values(), *self.outputs.values()):
             buf.close()
