@@ -236,7 +236,7 @@ class TensorRTModel(Model):
         views = {n: out_view(n, b, out_shapes[n]) for n, b in call.buffers.items()}  # sizes before any work
         for name, value in feeds.items():
             slot.bind(name, self._stage(slot, name, value, stream))
-        for name in self.output_names:
+        for name in slot.output_names:  # every output needs an address, returned or not
             view = views.get(name)
             on_gpu = isinstance(view, DeviceTensor)
             slot.bind(name, self._device_address(slot, f"out[{name}]", view, stream) if on_gpu
@@ -259,7 +259,7 @@ class TensorRTModel(Model):
             return spec.name, view, False
         if call.device_outputs:
             return spec.name, DeviceTensor(buf.device_ptr, shape, np.dtype(spec.dtype), self.gpu.index, None, buf), False
-        host = slot.host_view(spec.name, shape, spec.dtype)
+        host = buf.host_view(shape, spec.dtype)
         buf.d2h_async(stream, host.nbytes)
         return spec.name, host, True
 
