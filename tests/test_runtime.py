@@ -259,6 +259,18 @@ def test_close_waits_for_the_calls_inside_and_refuses_later_ones():
     assert gate.close() is False  # idempotent
 
 
+def test_onnxruntime_close_keeps_the_session_until_the_call_inside_leaves(tiny_onnx):
+    m = load(tiny_onnx)
+    m._gate.enter()  # what infer does around session.run
+    closer = threading.Thread(target=m.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive() and m.session is not None, "the session went away under a running call"
+    m._gate.leave()
+    closer.join(10)
+    assert not closer.is_alive() and m.session is None and m.closed
+
+
 def test_close_from_another_thread_while_threads_call(tiny_onnx):
     """Every call either finishes with the right result before close() returns or raises
     InputError; none sees a half-closed model."""
