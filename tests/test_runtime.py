@@ -259,6 +259,39 @@ def test_close_waits_for_the_calls_inside_and_refuses_later_ones():
     assert gate.close() is False  # idempotent
 
 
+def test_engine_slot_pool_hands_out_contexts_and_wakes_waiters_on_close():
+    """The pool behind TensorRTModel's contexts (tokens stand in for execution contexts)."""
+    from trt_seer.runtime.slot import SlotPool
+
+    pool = SlotPool("m.engine", ["ctx0"])
+    assert pool.acquire() == "ctx0"  # the caller is now inside
+    waiter_error = []
+
+    def waiter():
+        try:
+            pool.acquire()
+        except InputError as e:
+            waiter_error.append(str(e))
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    t.join(0.2)
+    assert t.is_alive()  # no free context: it waits
+    closer = threading.Thread(target=pool.close)
+    closer.start()
+    t.join(10)
+    assert waiter_error == ["m.engine is closed"]  # woken by close, gives up
+    closer.join(0.2)
+    assert closer.is_alive()  # still waiting for the call inside
+    pool.release("ctx0")
+    pool.leave()
+    closer.join(10)
+    assert not closer.is_alive()
+    assert pool.try_enter() is False
+    with pytest.raises(InputError, match="m.engine was closed before this call's result was read"):
+        pool.reenter()
+
+
 def test_onnxruntime_close_keeps_the_session_until_the_call_inside_leaves(tiny_onnx):
     m = load(tiny_onnx)
     m._gate.enter()  # what infer does around session.run
