@@ -258,7 +258,8 @@ class TensorRTModel(Model):
             cuda.copy_async(view.ctypes.data, buf.device_ptr, view.nbytes, "DeviceToHost", stream)
             return spec.name, view, False
         if call.device_outputs:
-            return spec.name, DeviceTensor(buf.device_ptr, shape, np.dtype(spec.dtype), self.gpu.index, None, buf), False
+            tensor = DeviceTensor(buf.device_ptr, shape, np.dtype(spec.dtype), self.gpu.index, None, buf)
+            return spec.name, tensor, False
         host = buf.host_view(shape, spec.dtype)
         buf.d2h_async(stream, host.nbytes)
         return spec.name, host, True
