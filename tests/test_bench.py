@@ -1,6 +1,7 @@
 """`trt-seer bench`: a real --quick sweep on a tiny checkpoint and its ONNX files (table, JSON,
 PNG plots, manifest `bench` sections, BENCHMARKS.md append), the statistics and cost arithmetic,
 the INT8-benefit warning on manifests written here, and GPU paths listed as skipped on a CPU box."""
+import dataclasses
 import json
 import math
 import re
@@ -203,6 +204,99 @@ def test_gpu_row_throughput_and_cost_come_from_end_to_end_and_the_table_shows_bo
     assert gpu_cells[header.index("e2e p50 ms")] == "4" and gpu_cells[header.index("device p50 ms")] == "1"
     assert cpu_cells[header.index("e2e p50 ms")] == "8" and cpu_cells[header.index("device p50 ms")] == "n/a"
     assert cpu_cells[header.index("samples/s")] == "1,000"
+
+
+def test_main_output_is_the_tasks_kept_output_when_there_are_others():
+    from trt_seer.bench.runners import main_output
+
+    assert main_output("feature-extraction", ("last_hidden_state", "sentence_embedding")) == "sentence_embedding"
+    assert main_output("text-classification", ("logits",)) is None  # nothing else to leave behind
+    assert main_output("feature-extraction", ("last_hidden_state",)) is None
+
+
+class TwoTimers:
+    """A runner's timing interface with fixed times: all outputs 4 ms, main output only 3 ms."""
+
+    main_output = "sentence_embedding"
+
+    def timer(self, feeds):
+        return lambda: (4.0, 1.0)
+
+    def main_timer(self, feeds):
+        return lambda: (3.0, 0.9)
+
+    def reset_peak(self):
+        pass
+
+    def memory(self):
+        return {"memory_bytes": 7}
+
+
+@pytest.mark.parametrize("asked", [True, False])
+def test_engine_points_carry_the_main_output_only_times_when_asked(asked, tmp_path):
+    from trt_seer.bench import worker
+    from trt_seer.export.families import resolve_model
+
+    info = resolve_model(str(make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "t")))
+    job = {"seq": 8, "timing": dataclasses.asdict(measure.QUICK_TIMING), "main_output": asked}
+    point = worker._point(TwoTimers(), info, job, 2)
+    assert point["p50_ms"] == 4.0 and point["device_p50_ms"] == 1.0
+    if asked:
+        assert point["main_output"] == "sentence_embedding"
+        assert point["main_p50_ms"] == 3.0 and point["main_device_p50_ms"] == 0.9
+    else:
+        assert "main_output" not in point and "main_p50_ms" not in point
+
+
+def test_report_shows_all_outputs_and_main_output_only_side_by_side(tmp_path):
+    engine = plan.Planned(paths.PATH_BY_KEY["trt-fp16"], "TensorRT FP16 on H200", tmp_path / "m.fp16.engine", (8,))
+    result = worker_result([(4.0, 1.0)] * 3)
+    result["points"][0].update(main_output="sentence_embedding", main_p50_ms=2.5, main_p90_ms=2.6,
+                               main_p99_ms=2.7, main_device_p50_ms=0.9)
+    row = run.row(engine, result, 2.5)
+    lines = report.main_output_lines({"rows": [row]})
+    assert lines[-1] == "| TensorRT FP16 on H200 | 8 | sentence_embedding | 4 | 2.5 | 1 / 0.9 |"
+    cpu = run.row(plan.Planned(paths.PATH_BY_KEY["ort-fp32-cpu"], "ORT", tmp_path / "m.onnx", (8,)),
+                  worker_result([(8.0, None)] * 3), 2.5)
+    assert report.main_output_lines({"rows": [cpu]}) == [
+        "- Main output only: not measured (no engine path ran, or --no-main-output)."]
+    section = run.bench_section({"created_at": "t", "settings": {"seq": 8, "price_per_hour": 2.5},
+                                 "machine": {"cpu": "x", "cores": 1, "threads": None, "gpu": "H200"}},
+                                {**row, "accuracy": None})
+    assert section["points"][0]["main_p50_ms"] == 2.5 and section["points"][0]["main_output"] == "sentence_embedding"
+
+
+def test_cli_no_main_output_turns_the_second_timing_off():
+    from trt_seer.cli import bench as benchcli
+    from trt_seer.cli import build_parser
+
+    on = build_parser().parse_args(["bench", "--model", "m"])
+    off = build_parser().parse_args(["bench", "--model", "m", "--no-main-output"])
+    assert benchcli.spec_from_args(on).main_output is True
+    assert benchcli.spec_from_args(off).main_output is False
+    assert benchcli.command_line(off).endswith("--no-main-output")  # the recorded command reproduces it
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_engine_path_reports_all_outputs_and_main_output_only(tmp_path):
+    from trt_seer.runtime import tensorrt_unavailable_reason
+
+    reason = tensorrt_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"engines cannot run here: {reason}")
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "tinybert")
+    r = cli("build", "--model", str(ckpt), "--fp16", "--batch", "1,2,4", "--seq", "8,16,32", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = cli("bench", "--model", str(ckpt), "--engines", str(tmp_path), "--quick", "--report", str(tmp_path / "rep"),
+            "--paths", "trt-fp16", "--no-manifest")
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = rows_by_key(json.loads((tmp_path / "rep" / "report.json").read_text()))["trt-fp16"]
+    assert row["status"] == "ok", row
+    for p in row["points"]:
+        assert p["main_output"] == "sentence_embedding" and 0 < p["main_device_p50_ms"] <= p["main_p50_ms"]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Main output only" in md and "| sentence_embedding |" in md
 
 
 def test_an_engine_manifest_records_the_plain_run_not_the_cuda_graph_one(tmp_path):

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -179,6 +180,162 @@ def test_closed_model_refuses_calls(tiny_onnx):
     m.close()  # idempotent
     with pytest.raises(InputError, match="is closed"):
         m.infer(token_feeds(1, 2))
+
+
+def test_outputs_selects_what_comes_back(tiny_onnx):
+    feeds = token_feeds(3, 5, seed=1)
+    want = (feeds["input_ids"] * feeds["attention_mask"]).sum(1)
+    with load(tiny_onnx) as m:
+        out = m.infer(feeds, outputs=["pooled"])
+        assert list(out) == ["pooled"]
+        np.testing.assert_allclose(out["pooled"], want, rtol=1e-6)
+        assert list(m.infer(feeds, outputs=("masked", "pooled", "masked"))) == ["masked", "pooled"]
+        assert list(m.infer(feeds, outputs="pooled")) == ["pooled"]
+        with pytest.raises(InputError, match=r"unknown output\(s\) sentence_embedding; the model returns "
+                                             r"masked: float32\[batch, seq\], pooled: float32\[batch\]"):
+            m.infer(feeds, outputs=["pooled", "sentence_embedding"])
+        with pytest.raises(InputError, match="outputs is empty"):
+            m.infer(feeds, outputs=[])
+
+
+def test_out_buffers_are_written_in_place(tiny_onnx):
+    feeds = token_feeds(3, 5, seed=2)
+    masked = (feeds["input_ids"] * feeds["attention_mask"]).astype(np.float32)
+    pooled_buf = np.full(8, -1, np.float32)  # sized for a larger batch: the first rows are used
+    masked_buf = np.empty((3, 5), np.float32)
+    with load(tiny_onnx) as m:
+        out = m.infer(feeds, out={"pooled": pooled_buf, "masked": masked_buf})
+    assert out["masked"] is masked_buf
+    assert out["pooled"].shape == (3,) and np.shares_memory(out["pooled"], pooled_buf)
+    np.testing.assert_array_equal(masked_buf, masked)
+    np.testing.assert_allclose(pooled_buf[:3], masked.sum(1), rtol=1e-6)
+    assert (pooled_buf[3:] == -1).all()
+
+
+BAD_OUT = {
+    "dtype": ({"pooled": np.empty(3, np.float64)}, None, r"out\[pooled\] has dtype float64; output pooled is float32"),
+    "too small": ({"masked": np.empty((3, 5), np.float32), "pooled": np.empty(2, np.float32)}, None,
+                  r"out\[pooled\] has shape \[2\] \(2 elements\); this call's pooled is \[3\] \(3\): pass a larger"),
+    "strided": ({"pooled": np.empty(6, np.float32)[::2]}, None, r"out\[pooled\] must be a writable C-contiguous"),
+    "read-only": ({"pooled": np.broadcast_to(np.float32(0), (3,))}, None, "must be a writable C-contiguous"),
+    "not asked for": ({"masked": np.empty((3, 5), np.float32)}, ["pooled"],
+                      r"out names masked, which this call does not return; it returns pooled"),
+    "unknown": ({"logits": np.empty(3, np.float32)}, None, "out names logits, which this call does not return"),
+    "not an array": ({"pooled": [0.0, 0.0, 0.0]}, None, r"out\[pooled\] is not an array \(list\)"),
+    "gpu": ({"pooled": type("G", (), {"__cuda_array_interface__": {"shape": (3,), "typestr": "<f4", "version": 3,
+                                                                      "data": (4096, False)}})()},
+            None, r"out\[pooled\] is a GPU array; this backend writes host arrays"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_OUT))
+def test_bad_out_buffers_fail_with_one_message_and_write_nothing(tiny_onnx, case):
+    out, outputs, message = BAD_OUT[case]
+    sentinels = {k: v.copy() for k, v in out.items() if isinstance(v, np.ndarray)}
+    with load(tiny_onnx) as m, pytest.raises(InputError, match=message):
+        m.infer(token_feeds(3, 5), outputs=outputs, out=out)
+    for name, before in sentinels.items():
+        np.testing.assert_array_equal(out[name], before, err_msg=f"out[{name}] was written")
+
+
+def test_device_outputs_need_the_tensorrt_backend(tiny_onnx):
+    with load(tiny_onnx) as m, pytest.raises(InputError, match="device_outputs=True needs a TensorRT engine"):
+        m.infer(token_feeds(1, 2), device_outputs=True)
+
+
+def test_close_waits_for_the_calls_inside_and_refuses_later_ones():
+    from trt_seer.runtime.base import CallGate
+
+    gate, closed = CallGate("m.onnx"), threading.Event()
+    gate.enter()
+    closer = threading.Thread(target=lambda: (gate.close(), closed.set()))
+    closer.start()
+    assert not closed.wait(0.3), "close returned while a call was inside"
+    with pytest.raises(InputError, match="m.onnx is closed"):
+        gate.enter()  # refused at once, while close is still waiting
+    gate.leave()
+    assert closed.wait(10)
+    closer.join()
+    assert gate.close() is False  # idempotent
+
+
+def test_engine_slot_pool_hands_out_contexts_and_wakes_waiters_on_close():
+    """The pool behind TensorRTModel's contexts (tokens stand in for execution contexts)."""
+    from trt_seer.runtime.slot import SlotPool
+
+    pool = SlotPool("m.engine", ["ctx0"])
+    assert pool.acquire() == "ctx0"  # the caller is now inside
+    waiter_error = []
+
+    def waiter():
+        try:
+            pool.acquire()
+        except InputError as e:
+            waiter_error.append(str(e))
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    t.join(0.2)
+    assert t.is_alive()  # no free context: it waits
+    closer = threading.Thread(target=pool.close)
+    closer.start()
+    t.join(10)
+    assert waiter_error == ["m.engine is closed"]  # woken by close, gives up
+    closer.join(0.2)
+    assert closer.is_alive()  # still waiting for the call inside
+    pool.release("ctx0")
+    pool.leave()
+    closer.join(10)
+    assert not closer.is_alive()
+    assert pool.try_enter() is False
+    with pytest.raises(InputError, match="m.engine was closed before this call's result was read"):
+        pool.reenter()
+
+
+def test_onnxruntime_close_keeps_the_session_until_the_call_inside_leaves(tiny_onnx):
+    m = load(tiny_onnx)
+    m._gate.enter()  # what infer does around session.run
+    closer = threading.Thread(target=m.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive() and m.session is not None, "the session went away under a running call"
+    m._gate.leave()
+    closer.join(10)
+    assert not closer.is_alive() and m.session is None and m.closed
+
+
+def test_close_from_another_thread_while_threads_call(tiny_onnx):
+    """Every call either finishes with the right result before close() returns or raises
+    InputError; none sees a half-closed model."""
+    m = load(tiny_onnx, threads=1)
+    feeds = token_feeds(4, 256, seed=3)
+    want = (feeds["input_ids"] * feeds["attention_mask"]).sum(1)
+    finished, refused, errors = [], [], []
+
+    def worker():
+        while True:
+            try:
+                got = m.infer(feeds, outputs=["pooled"])["pooled"]
+            except InputError as e:
+                refused.append(str(e))
+                return
+            except Exception as e:  # collected and asserted below
+                errors.append(e)
+                return
+            finished.append(bool(np.allclose(got, want)))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    while len(finished) < 20:
+        time.sleep(0.001)
+    m.close()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert len(refused) == 4 and all("is closed" in r for r in refused)
+    assert all(finished)
+    assert m.session is None
 
 
 # --- validation: one message per mistake, on every backend ---------------------------------------

@@ -270,7 +270,8 @@ def test_zero_copy_from_torch_cuda_tensors(engines, torch_cuda):
 def test_cuda_graphs_replay_per_shape_bucket(engines):
     ckpt, out = engines
     path = out / "tinybert.fp16.engine"
-    with load(path, backend="tensorrt", use_cuda_graph=True) as g, load(path, backend="tensorrt") as e:
+    with load(path, backend="tensorrt", use_cuda_graph=True) as g, \
+            load(path, backend="tensorrt", use_cuda_graph=False) as e:
         for seed in range(4):  # same shape, new values: the graph reads the staged inputs
             feeds = feeds_for(ckpt, 2, 16, seed=seed)
             assert_close(g.infer(feeds)["sentence_embedding"], e.infer(feeds)["sentence_embedding"], 2e-3,
@@ -284,6 +285,119 @@ def test_cuda_graphs_replay_per_shape_bucket(engines):
             assert not slot.graphs
         else:
             assert list(slot.graphs) == [((2, 16), (2, 16), (2, 16)), ((3, 9), (3, 9), (3, 9))]
+
+
+@needs_trt
+def test_cuda_graphs_are_on_by_default_and_right_across_shape_switches(engines):
+    """A -> B -> A: the third call sets A's shapes again and must enqueue before any replay; every
+    call (new values each time) matches a run without graphs."""
+    ckpt, out = engines
+    path = out / "tinybert.fp16.engine"
+    with load(path, backend="tensorrt") as g, load(path, backend="tensorrt", use_cuda_graph=False) as e:
+        assert g.graph_mode in ("capture", "runtime") and e.graph_mode is None
+        for i, (b, s) in enumerate([(2, 16), (2, 16), (5, 9), (2, 16), (2, 16), (5, 9), (5, 9), (2, 16)]):
+            feeds = feeds_for(ckpt, b, s, seed=10 + i)
+            got, want = g.infer(feeds), e.infer(feeds)
+            for name in want:
+                assert_close(got[name], want[name], 2e-3, f"call {i} ({b}x{s}) {name}")
+        assert g._graphs_ok, "capture failed"
+        if g.graph_mode == "capture":
+            assert set(g._slots[0].graphs) == {((2, 16),) * 3, ((5, 9),) * 3}
+
+
+@needs_trt
+def test_outputs_selection_copies_back_only_what_is_named(engines):
+    ckpt, out = engines
+    feeds = feeds_for(ckpt, 4, 16, seed=21)
+    with load(out / "tinybert.fp32.engine", backend="tensorrt") as m:
+        full = m.infer(feeds)
+        only = m.infer(feeds, outputs=["sentence_embedding"])
+        assert list(only) == ["sentence_embedding"]
+        np.testing.assert_array_equal(only["sentence_embedding"], full["sentence_embedding"])
+        with pytest.raises(InputError, match=r"unknown output\(s\) logits"):
+            m.infer(feeds, outputs=["logits"])
+        host = np.empty((8, 32), np.float32)  # max batch; this call fills the first 4 rows
+        got = m.infer(feeds, outputs=["sentence_embedding"], out={"sentence_embedding": host})
+        assert np.shares_memory(got["sentence_embedding"], host)
+        np.testing.assert_array_equal(host[:4], full["sentence_embedding"])
+        with pytest.raises(InputError, match=r"out\[sentence_embedding\] has dtype float16"):
+            m.infer(feeds, out={"sentence_embedding": np.empty((4, 32), np.float16)})
+
+
+@needs_trt
+def test_device_outputs_are_the_runtimes_own_buffers(engines, torch_cuda):
+    torch = torch_cuda
+    ckpt, out = engines
+    feeds = feeds_for(ckpt, 3, 12, seed=22)
+    with load(out / "tinybert.fp32.engine", backend="tensorrt") as m:
+        ref = m.infer(feeds)
+        dev = m.infer(feeds, outputs=["sentence_embedding"], device_outputs=True)["sentence_embedding"]
+        cai = dev.__cuda_array_interface__
+        assert cai["shape"] == (3, 32) and cai["typestr"] == "<f4"
+        assert cai["data"][0] == m._slots[0].outputs["sentence_embedding"].device_ptr  # no copy
+        t = torch.as_tensor(dev, device="cuda")
+        np.testing.assert_array_equal(t.cpu().numpy(), ref["sentence_embedding"])
+        back = m.infer({k: torch.from_numpy(v).cuda() for k, v in feeds.items()}, device_outputs=True)
+        np.testing.assert_array_equal(torch.as_tensor(back["last_hidden_state"], device="cuda").cpu().numpy(),
+                                      ref["last_hidden_state"])
+
+
+@needs_trt
+@pytest.mark.parametrize("graphs", [False, True])
+def test_caller_device_buffers_are_written_directly(engines, torch_cuda, graphs):
+    torch = torch_cuda
+    ckpt, out = engines
+    with load(out / "tinybert.fp32.engine", backend="tensorrt", use_cuda_graph=graphs) as m:
+        emb = torch.full((8, 32), -1.0, device="cuda")
+        for seed, (b, s) in enumerate([(4, 16), (4, 16), (2, 8), (4, 16)]):
+            feeds = feeds_for(ckpt, b, s, seed=30 + seed)
+            want = m.infer(feeds)["sentence_embedding"]  # own buffers (graph replay when on)
+            got = m.infer(feeds, outputs=["sentence_embedding"], out={"sentence_embedding": emb})
+            assert m._slots[0].addresses["sentence_embedding"] == emb.data_ptr()  # bound, not copied
+            assert tuple(got["sentence_embedding"].shape) == (b, 32)
+            np.testing.assert_array_equal(emb[:b].cpu().numpy(), want)
+            emb.fill_(-1.0)
+        with pytest.raises(InputError, match=r"out\[sentence_embedding\] has shape \[2, 32\]"):
+            m.infer(feeds_for(ckpt, 4, 16), out={"sentence_embedding": torch.empty((2, 32), device="cuda")})
+
+
+@needs_trt
+def test_close_while_threads_call_the_engine(engines):
+    ckpt, out = engines
+    feeds = feeds_for(ckpt, 8, 32, seed=40)
+    m = load(out / "tinybert.fp32.engine", backend="tensorrt", contexts=2)
+    want = m.infer(feeds)["sentence_embedding"]
+    finished, refused, errors = [], [], []
+
+    def worker():
+        while True:
+            try:
+                got = m.infer(feeds, outputs=["sentence_embedding"])["sentence_embedding"]
+            except InputError as e:
+                refused.append(str(e))
+                return
+            except Exception as e:  # collected and asserted below
+                errors.append(e)
+                return
+            finished.append(bool(np.array_equal(got, want)))
+
+    threads = [threading.Thread(target=worker) for _ in range(5)]
+    for t in threads:
+        t.start()
+    while len(finished) < 50:
+        threading.Event().wait(0.001)
+    m.close()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert len(refused) == 5 and all(finished)
+    with pytest.raises(InputError, match="is closed"):
+        m.infer_async(feeds)
+    m2 = load(out / "tinybert.fp32.engine", backend="tensorrt")
+    pending = m2.infer_async(feeds)
+    m2.close()  # waits for the GPU; the unread result is refused, not read from freed memory
+    with pytest.raises(InputError, match="was closed before this call's result was read"):
+        pending.result()
 
 
 @needs_trt

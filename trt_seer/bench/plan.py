@@ -26,6 +26,7 @@ class BenchSpec:
     eval_samples: int = 128
     quick: bool = False
     write_manifests: bool = True
+    main_output: bool = True  # engine paths also timed returning only the task's main output
     command: str = ""
 
 

@@ -82,6 +82,22 @@ def copy_lines(report: dict) -> list[str]:
     return lines + [f"| {r['memory']} | {r['direction']} | {r['gb_per_s']:.1f} |" for r in copies["rows"]]
 
 
+def main_output_lines(report: dict) -> list[str]:
+    """Engine paths timed twice: every output copied back, and only the task's main output."""
+    rows = [(r, p) for r in report["rows"] for p in r["points"] if p.get("main_output")]
+    if not rows:
+        return ["- Main output only: not measured (no engine path ran, or --no-main-output)."]
+    lines = ["End to end p50 when the call returns every output and when it returns only the task's main "
+             "output (`infer(..., outputs=[name])`: the others stay on the GPU):", "",
+             "| Path | Batch | output | all outputs ms | main output only ms | device p50 ms (all / main only) |",
+             "|---|---:|---|---:|---:|---:|"]
+    for r, p in rows:
+        device = f"{_ms(p.get('device_p50_ms'))} / {_ms(p.get('main_device_p50_ms'))}"
+        lines.append(f"| {r['label']} | {p['batch']} | {p['main_output']} | {_ms(p['p50_ms'])} | "
+                     f"{_ms(p['main_p50_ms'])} | {device} |")
+    return lines
+
+
 def machine_line(report: dict) -> str:
     m = report["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
@@ -102,6 +118,7 @@ def markdown(report: dict) -> str:
         f"- Price: ${s['price_per_hour']}/hour. Assumption: {report['method']['cost']}.", "",
         table(report), "", "## INT8", "", *int8_lines(report), "",
         "## Host<->device copies", "", *copy_lines(report), "",
+        "## Main output only", "", *main_output_lines(report), "",
         "## Method", "", *method_lines(report),
         f"- Noisy points (CV > {report['method']['noisy_cv']:.0%}): {', '.join(noisy) or 'none'}.", "",
         "## Plots", "", *[f"![{p}]({p})" for p in PLOTS], "",
@@ -156,7 +173,7 @@ def append(report: dict, md_path: Path) -> Path:
     body = "\n".join([
         f"Inputs: {s['inputs']}; price ${s['price_per_hour']}/hour ({report['method']['cost']}). "
         f"Times: {report['method']['timing']}.", "",
-        table(report), "", *int8_lines(report), "", *copy_lines(report),
+        table(report), "", *int8_lines(report), "", *copy_lines(report), "", *main_output_lines(report),
     ])
     return append_benchmark(md_path, title, report["command"], machine_line(report), body)
 

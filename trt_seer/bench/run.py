@@ -30,7 +30,7 @@ def job(planned: Planned, info, spec: BenchSpec, out: Path, eval_batch: int, tim
             "artifact": str(planned.artifact) if planned.artifact else None,
             "batches": list(planned.batches) if timed else [], "seq": spec.seq, "threads": spec.threads,
             "timing": asdict(spec.timing), "eval_samples": spec.eval_samples, "eval_batch": eval_batch,
-            "copies": copies, "out": str(out)}
+            "copies": copies, "main_output": spec.main_output, "out": str(out)}
 
 
 def run_worker(job: dict, bar) -> dict:
@@ -202,7 +202,7 @@ def record_in_manifests(report: dict) -> list[Path]:
 def bench_section(report: dict, row: dict) -> dict:
     """A manifest's `bench` section: p50_ms is end to end, device_p50_ms the GPU time (or None)."""
     keep = ("batch", "p50_ms", "p90_ms", "p99_ms", "device_p50_ms", "cv", "noisy", "throughput", "memory_bytes",
-            "cost_per_million")
+            "cost_per_million", "main_output", "main_p50_ms", "main_device_p50_ms")
     machine = {k: report["machine"][k] for k in ("cpu", "cores", "threads", "gpu")}  # as Host.machine()
     return {"measured_at": report["created_at"], "label": row["label"], "path": row["key"],
             "machine": {**machine, "device": row["device"]},

@@ -18,6 +18,8 @@ from trt_seer.bench.measure import TimingSpec, measure, summarize_point
 from trt_seer.bench.paths import PATH_BY_KEY
 from trt_seer.bench.runners import copy_bandwidth, make_runner, peak_rss_bytes
 
+MAIN_KEYS = ("p50_ms", "p90_ms", "p99_ms", "device_p50_ms")  # kept as main_p50_ms, ... per point
+
 
 @functools.lru_cache(maxsize=None)
 def heldout_texts() -> tuple[str, ...]:
@@ -70,10 +72,16 @@ def attempt(fn):
 
 
 def _point(runner, info, job: dict, batch: int) -> dict:
-    once = runner.timer(timing_feeds(info, batch, job["seq"]))
+    feeds = timing_feeds(info, batch, job["seq"])
+    once = runner.timer(feeds)
     runner.reset_peak()
     samples, stopped = measure(once, TimingSpec(**job["timing"]))
-    return {"batch": batch, **summarize_point(samples), "stopped_by": stopped, **runner.memory()}
+    point = {"batch": batch, **summarize_point(samples), "stopped_by": stopped, **runner.memory()}
+    main = runner.main_timer(feeds) if job.get("main_output") and hasattr(runner, "main_timer") else None
+    if main is not None:  # engine paths: the same call again, copying back only the main output
+        only = summarize_point(measure(main, TimingSpec(**job["timing"]))[0])
+        point.update(main_output=runner.main_output, **{f"main_{k}": only[k] for k in MAIN_KEYS})
+    return point
 
 
 def _eval(runner, info, job: dict) -> dict:

@@ -56,6 +56,9 @@ def add_parser(subparsers, common):
     o.add_argument("--append", metavar="FILE", default=None,
                    help="also append the table, date, machine and command to FILE, e.g. docs/BENCHMARKS.md")
     o.add_argument("--no-manifest", action="store_true", help="do not record results in the artifacts' manifests")
+    g.add_argument("--no-main-output", action="store_true",
+                   help="time engine paths only with every output copied back (default: also with only the "
+                        "task's main output, e.g. sentence_embedding)")
     common.add_verbosity(p)
     p.set_defaults(handler=run)
     return p
@@ -74,6 +77,7 @@ def command_line(args) -> str:
     if args.paths:
         parts += ["--paths", *args.paths]
     parts += ["--quick"] if args.quick else []
+    parts += ["--no-main-output"] if args.no_main_output else []
     return shlex.join(parts)
 
 
@@ -89,7 +93,8 @@ def spec_from_args(args):
         raise InputError("give --model or --model-config, not both")
     spec = BenchSpec(model=args.model, model_config=args.model_config, task=args.task, engines=Path(args.engines),
                      price_per_hour=args.price_per_hour, paths=select_paths(args.paths), threads=args.threads,
-                     write_manifests=not args.no_manifest, command=command_line(args))
+                     write_manifests=not args.no_manifest, main_output=not args.no_main_output,
+                     command=command_line(args))
     if args.quick:
         return quick(spec, args.batch, args.seq)
     return replace(spec, batches=args.batch or spec.batches, seq=args.seq or spec.seq)

@@ -3,6 +3,7 @@
     from trt_seer.runtime import load
     with load("engines/all-MiniLM-L6-v2.fp16.engine") as m:   # or an .onnx artifact on a CPU box
         out = m.infer({"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+        emb = m.infer(feeds, outputs=["sentence_embedding"])      # copies back only that output
 
 `.engine` runs on TensorRT (engine.py, CUDA through cuda-python in cuda.py), `.onnx` on ONNX
 Runtime's CPU provider (ort.py). No torch, transformers or onnx is imported; TensorRT, cuda-python
@@ -91,8 +92,9 @@ def load(path: str | Path, backend: str = "auto", **opts) -> Model:
         backend: "tensorrt", "onnxruntime", or "auto": TensorRT for an engine where a TensorRT
             runtime and a GPU are usable, else the engine's sibling `.onnx` on ONNX Runtime (with a
             warning).
-        opts: EngineOptions fields (device, contexts, use_cuda_graph, max_graphs, runtime_cache,
-            verbose) and OrtOptions fields (threads, optimization); each backend takes its own.
+        opts: EngineOptions fields (device, contexts, use_cuda_graph (default: on where the flavor
+            allows), max_graphs, runtime_cache, verbose) and OrtOptions fields (threads,
+            optimization); each backend takes its own.
     """
     from trt_seer.runtime.engine import TensorRTModel
     from trt_seer.runtime.ort import OnnxRuntimeModel

@@ -1,12 +1,15 @@
-"""The interface every backend implements: `infer(feeds) -> {output name: ndarray}`, an async
-variant returning a `Pending`, `close()` and use as a context manager."""
+"""The interface every backend implements: `infer(feeds, outputs=..., out=...) -> {output name:
+array}`, an async variant returning a `Pending`, `close()` and use as a context manager; and
+`CallGate`, which lets `close()` wait for the calls in flight and refuse later ones."""
 from __future__ import annotations
 
-from typing import Mapping
+import threading
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from trt_seer.runtime.io import IOSpec
+from trt_seer.errors import InputError
+from trt_seer.runtime.io import IOSpec, select_outputs
 
 
 class Pending:
@@ -32,6 +35,42 @@ class Completed(Pending):
         return True
 
 
+class CallGate:
+    """Counts the calls inside a model. `close()` refuses new calls at once, then waits until the
+    calls already inside have left, so nothing they use is freed under them."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.cond = threading.Condition()
+        self.inside = 0
+        self.closed = False
+
+    def enter(self) -> None:
+        """InputError once the model is closed (or closing)."""
+        with self.cond:
+            self.check_open()
+            self.inside += 1
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise InputError(f"{self.name} is closed")
+
+    def leave(self) -> None:
+        with self.cond:
+            self.inside -= 1
+            self.cond.notify_all()
+
+    def close(self) -> bool:
+        """Closes the gate and waits for the calls inside; False if it was closed already."""
+        with self.cond:
+            if self.closed:
+                return False
+            self.closed = True
+            self.cond.notify_all()  # wakes callers waiting for an execution context: they give up
+            self.cond.wait_for(lambda: self.inside == 0)
+        return True
+
+
 class Model:
     """A loaded artifact. Subclasses set `backend`, `path`, `inputs`, `outputs`, `manifest`."""
 
@@ -42,7 +81,12 @@ class Model:
         self.outputs: tuple[IOSpec, ...] = ()
         self.manifest: dict | None = None
         self.last_gpu_ms: float | None = None  # the engine's own GPU time of the last call
-        self.closed = False
+        self._selections: dict[tuple, tuple[IOSpec, ...]] = {}
+        self._gate = CallGate("the model")  # backends name it after their file
+
+    @property
+    def closed(self) -> bool:
+        return self._gate.closed
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -52,15 +96,38 @@ class Model:
     def output_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.outputs)
 
-    def infer(self, feeds: Mapping) -> dict[str, np.ndarray]:
-        """Runs one batch: numpy (or, on TensorRT, GPU tensors) in, numpy out."""
-        return self.infer_async(feeds).result()
+    def selected_outputs(self, names: Sequence[str] | str | None) -> tuple[IOSpec, ...]:
+        """The specs of `names` (all outputs for None); InputError naming an unknown one."""
+        if names is None:
+            return self.outputs
+        key = (names,) if isinstance(names, str) else tuple(names)
+        specs = self._selections.get(key)
+        if specs is None:
+            specs = select_outputs(self.outputs, key)
+            if len(self._selections) < 64:  # callers use a few selections; do not grow without bound
+                self._selections[key] = specs
+        return specs
 
-    def infer_async(self, feeds: Mapping, stream=None) -> Pending:
+    def infer(self, feeds: Mapping, outputs: Sequence[str] | None = None, *, out: Mapping | None = None,
+              device_outputs: bool = False) -> dict:
+        """Runs one batch: numpy (or, on TensorRT, GPU tensors) in, numpy out.
+
+        Args:
+            feeds: {input name: array}.
+            outputs: the output names to return (default: all); only these are copied back.
+            out: {output name: array} to write results into (host numpy, or on TensorRT a GPU
+                array); the returned value is a view of it with this call's shape.
+            device_outputs: TensorRT only: return GPU arrays over the runtime's own output
+                buffers instead of copying to the host (valid until the next call; see RUNTIME.md).
+        """
+        return self.infer_async(feeds, outputs=outputs, out=out, device_outputs=device_outputs).result()
+
+    def infer_async(self, feeds: Mapping, stream=None, *, outputs: Sequence[str] | None = None,
+                    out: Mapping | None = None, device_outputs: bool = False) -> Pending:
         raise NotImplementedError
 
     def close(self) -> None:
-        self.closed = True
+        self._gate.close()
 
     def __enter__(self):
         return self

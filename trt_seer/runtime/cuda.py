@@ -24,6 +24,7 @@ import numpy as np
 from trt_seer.errors import CudaError, DependencyError
 
 _MODULES = ("cuda.bindings.runtime", "cuda.cudart")  # cuda-bindings >= 12.8 (13.x), then older
+VIEW_CACHE = 256  # numpy views kept per pinned buffer (one per shape and dtype staged)
 
 
 @functools.lru_cache(maxsize=None)
@@ -145,6 +146,11 @@ def stream_handle(stream):
     return stream
 
 
+def synchronize(stream: "Stream | int") -> None:
+    """Blocks until the work on `stream` (a `Stream` or a raw handle) has completed."""
+    cuda_call(cudart().cudaStreamSynchronize(stream_handle(stream)), "cudaStreamSynchronize")
+
+
 def wait_event(stream: "Stream | int", event: "Event") -> None:
     """Later work on `stream` waits until `event` has completed (no host block)."""
     cuda_call(cudart().cudaStreamWaitEvent(stream_handle(stream), event.handle, 0), "cudaStreamWaitEvent")
@@ -194,16 +200,26 @@ class HostDeviceBuffer(_Owned):
             raise
         self.host_ptr, self.device_ptr = int(host_ptr), int(device_ptr)
         self._host = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(self.host_ptr))
+        self._views: dict[tuple, np.ndarray] = {}
         self._finalizer = weakref.finalize(self, _free_buffers, self.host_ptr, self.device_ptr)
 
     def host_view(self, shape: tuple[int, ...], dtype) -> np.ndarray:
-        """A numpy array of `shape` over the start of the pinned memory (no copy)."""
+        """A numpy array of `shape` over the start of the pinned memory (no copy). Views are kept
+        per (shape, dtype), so a caller that stages the same shapes allocates nothing per call."""
         if self.closed:
             raise CudaError("buffer is closed", name="closed")
-        dtype = np.dtype(dtype)
+        key = (tuple(shape), dtype)
+        view = self._views.get(key)
+        if view is None:
+            view = self._new_view(key[0], np.dtype(dtype))
+            if len(self._views) < VIEW_CACHE:
+                self._views[key] = view
+        return view
+
+    def _new_view(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         count = int(np.prod(shape, dtype=np.int64))
         if count * dtype.itemsize > self.nbytes:
-            raise ValueError(f"view {tuple(shape)} {dtype} needs {count * dtype.itemsize} bytes; "
+            raise ValueError(f"view {shape} {dtype} needs {count * dtype.itemsize} bytes; "
                              f"buffer holds {self.nbytes}")
         return self._host[:count * dtype.itemsize].view(dtype).reshape(shape)
 
@@ -222,6 +238,7 @@ class HostDeviceBuffer(_Owned):
 
     def close(self) -> None:
         self._host = None
+        self._views = {}
         super().close()
 
 

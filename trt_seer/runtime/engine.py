@@ -8,20 +8,19 @@
 The manifest beside the engine is checked against the installed TensorRT flavor and version and
 the GPU's compute capability before anything is deserialized. Device buffers are sized once for
 the profile's largest shapes; each call stages inputs in pinned memory, copies them on a stream,
-runs `execute_async_v3` and copies the outputs back. Inputs that already live on the GPU
-(`__cuda_array_interface__` or DLPack) are bound by pointer, not copied.
+runs the engine (a replayed CUDA graph for a shape seen before) and copies back only the outputs
+asked for (`outputs=[...]`). Inputs that already live on the GPU (`__cuda_array_interface__` or
+DLPack) are bound by pointer, not copied; so are caller GPU buffers given as `out=`;
+`device_outputs=True` hands out the context's own output buffers (valid until the next call).
 
-Threads: each of `contexts` execution contexts has its own stream, buffers and graphs; a call
-takes a free one (waiting if none is free), so any number of threads may call `infer` at once.
+Threads: each of `contexts` execution contexts has its own stream, buffers and graphs (slot.py);
+a call takes a free one (waiting if none is free), so any number of threads may call `infer` at
+once. `close()` waits for the calls in flight and makes later ones raise InputError.
 """
 from __future__ import annotations
 
-import collections
 import logging
-import queue
-import threading
 import warnings
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +28,12 @@ import numpy as np
 
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.engine import trt as trt_adapter
-from trt_seer.errors import CudaError, DependencyError, InputError, ManifestMismatchError, TrtSeerError, \
-    UnsupportedError
+from trt_seer.errors import CudaError, DependencyError, InputError, ManifestMismatchError, TrtSeerError
 from trt_seer.files import atomic_write_bytes
 from trt_seer.runtime import cuda
-from trt_seer.runtime.base import Model, Pending
-from trt_seer.runtime.io import DeviceTensor, IOSpec, token_axes, validate_feeds
+from trt_seer.runtime.base import Model
+from trt_seer.runtime.io import DeviceTensor, IOSpec, out_view, token_axes, validate_feeds, validate_out
+from trt_seer.runtime.slot import EnginePending, Slot, SlotPool
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +45,9 @@ class EngineOptions:
 
     device: int = 0
     contexts: int = 1
-    use_cuda_graph: bool = False
+    # None: on where the flavor allows (TensorRT: captured per input shape; TensorRT-RTX: its own
+    # per-shape capture), off quietly where it cannot; True: the same, warning when it cannot.
+    use_cuda_graph: bool | None = None
     max_graphs: int = 32  # captured shapes kept per context (least recently used dropped)
     runtime_cache: str | Path | None = "auto"
     verbose: bool = False
@@ -117,103 +118,6 @@ def _check_io_names(manifest: dict, inputs, outputs, path: Path) -> None:
                                         f"{actual}: the manifest belongs to another build; rebuild the engine")
 
 
-def _nbytes(shape, dtype: str) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
-class _Slot:
-    """One execution context with its own stream, events, staging buffers and captured graphs."""
-
-    def __init__(self, model: "TensorRTModel"):
-        self.context = model._new_context()
-        self.stream = cuda.Stream()
-        self.start, self.end = cuda.Event(), cuda.Event()
-        self.done, self.ready = cuda.Event(timing=False), cuda.Event(timing=False)
-        self.inputs = {s.name: cuda.HostDeviceBuffer(_nbytes(s.max_shape, s.dtype)) for s in model.inputs}
-        self.shapes: dict[str, tuple[int, ...]] = {}
-        self.addresses: dict[str, int] = {}
-        self.graphs: collections.OrderedDict = collections.OrderedDict()
-        max_out = self._max_output_shapes(model)
-        self.outputs = {s.name: cuda.HostDeviceBuffer(_nbytes(max_out[s.name], s.dtype)) for s in model.outputs}
-        for name, buf in self.outputs.items():
-            self.bind(name, buf.device_ptr)
-
-    def _max_output_shapes(self, model: "TensorRTModel") -> dict[str, tuple[int, ...]]:
-        self.set_shapes({s.name: s.max_shape for s in model.inputs})
-        shapes = {s.name: tuple(self.context.get_tensor_shape(s.name)) for s in model.outputs}
-        unknown = [n for n, shape in shapes.items() if min(shape, default=0) < 0]
-        if unknown:
-            raise UnsupportedError(f"outputs {unknown} have data-dependent shapes; this runtime sizes "
-                                   "outputs from the profile's max input shapes")
-        return shapes
-
-    def set_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
-        for name, shape in shapes.items():
-            if self.shapes.get(name) != shape:
-                if not self.context.set_input_shape(name, shape):
-                    raise InputError(f"TensorRT rejected shape {list(shape)} for input {name}")
-                self.shapes[name] = shape
-
-    def bind(self, name: str, address: int) -> None:
-        if self.addresses.get(name) != address:
-            self.context.set_tensor_address(name, address)
-            self.addresses[name] = address
-
-    def close(self) -> None:
-        for graph in self.graphs.values():
-            graph.close()
-        self.graphs.clear()
-        self.context = None
-        for buf in (*self.inputs.values(), *self.outputs.values()):
-            buf.close()
-        for owned in (self.start, self.end, self.done, self.ready, self.stream):
-            owned.close()
-
-
-def _abandon(model_ref, slot: _Slot, keepalive) -> None:
-    """A Pending dropped without result(): wait for its work, then free its context."""
-    model = model_ref()
-    if model is not None and not model.closed:
-        slot.done.synchronize()
-        model._release(slot)
-
-
-class EnginePending(Pending):
-    """Work enqueued on a context's stream; `result()` waits and returns fresh numpy arrays."""
-
-    def __init__(self, model: "TensorRTModel", slot: _Slot, out_shapes: dict, keepalive):
-        self._model, self._slot, self._shapes = model, slot, out_shapes
-        self._outputs: dict[str, np.ndarray] | None = None
-        self._lock = threading.Lock()
-        # Keeps the caller's GPU tensors alive until the work is done, even if this is dropped.
-        self._finalizer = weakref.finalize(self, _abandon, weakref.ref(model), slot, keepalive)
-
-    def done(self) -> bool:
-        return self._outputs is not None or (self._slot is not None and self._slot.done.query())
-
-    def result(self) -> dict[str, np.ndarray]:
-        with self._lock:
-            if self._outputs is None:
-                if self._slot is None:
-                    raise CudaError("this call failed when its result was first read", name="failed")
-                slot, self._slot = self._slot, None
-                self._finalizer.detach()
-                try:
-                    self._outputs = self._collect(slot)
-                finally:
-                    self._model._release(slot)
-        return self._outputs
-
-    def _collect(self, slot: _Slot) -> dict[str, np.ndarray]:
-        if self._model.closed:
-            raise CudaError("the model was closed before this call's result was read", name="closed")
-        slot.done.synchronize()
-        self._model.last_gpu_ms = slot.end.elapsed_ms(slot.start)
-        dtypes = {s.name: s.dtype for s in self._model.outputs}
-        return {name: slot.outputs[name].host_view(shape, dtypes[name]).copy()
-                for name, shape in self._shapes.items()}
-
-
 class TensorRTModel(Model):
     """A deserialized engine ready to run; see the module docstring."""
 
@@ -235,13 +139,11 @@ class TensorRTModel(Model):
         self._cache_path = self._resolve_cache_path()
         self._cache, self._cache_blob = None, b""
         self._configs: list = []
-        self._graphs_ok = options.use_cuda_graph
-        self.graph_mode = "capture" if options.use_cuda_graph else None  # "runtime": the flavor's own
-        self._slots = [_Slot(self) for _ in range(options.contexts)]
-        self._free: queue.SimpleQueue = queue.SimpleQueue()
-        for slot in self._slots:
-            self._free.put(slot)
-        self._close_lock = threading.Lock()
+        self._graphs_ok = options.use_cuda_graph is not False
+        self.graph_mode = "capture" if self._graphs_ok else None  # "runtime": the flavor's own
+        self._slots = [Slot(self) for _ in range(options.contexts)]
+        self._pool = SlotPool(self.path.name, self._slots)
+        self._gate = self._pool
 
     # --- loading -----------------------------------------------------------------------------
 
@@ -295,89 +197,118 @@ class TensorRTModel(Model):
 
     # --- running -----------------------------------------------------------------------------
 
-    def infer_async(self, feeds, stream=None) -> EnginePending:
+    def infer_async(self, feeds, stream=None, *, outputs=None, out=None, device_outputs: bool = False) -> EnginePending:
         """Enqueues one call and returns at once; `.result()` waits for the outputs.
 
         Args:
             feeds: {input name: numpy array or GPU tensor}.
             stream: a `cuda.Stream` or raw CUDA stream handle to run on (default: the context's).
+            outputs: output names to return (default: all); only these are copied back.
+            out: {output name: host numpy or GPU array} to write into; GPU arrays are bound as the
+                engine's output address (written directly, no copy).
+            device_outputs: return `DeviceTensor`s over the context's own output buffers (no copy),
+                valid until another call on this model starts; see docs/RUNTIME.md.
         """
-        if self.closed:
-            raise InputError(f"{self.path.name} is closed")
-        slot = self._acquire()
+        selected = self.selected_outputs(outputs)
+        slot = self._pool.acquire()
+        handle = cuda.stream_handle(stream) if stream is not None else slot.stream.handle
         try:
-            handle = cuda.stream_handle(stream) if stream is not None else slot.stream.handle
             valid = validate_feeds(self.inputs, feeds, allow_device=True, consumer_stream=int(handle))
-            out_shapes = self._enqueue(slot, valid, handle)
+            buffers = validate_out(selected, out, allow_device=True, consumer_stream=int(handle))
+            results = self._enqueue(slot, valid, _Call(selected, buffers, device_outputs), handle)
+            pending = EnginePending(self, slot, results, (valid, buffers))
         except BaseException:
-            self._release_after_sync(slot)
+            self._release_after_sync(slot, handle)
             raise
-        return EnginePending(self, slot, out_shapes, valid)
+        self._pool.leave()
+        return pending
 
-    def _acquire(self) -> _Slot:
-        return self._free.get()
-
-    def _release(self, slot: _Slot) -> None:
-        self._free.put(slot)
-
-    def _release_after_sync(self, slot: _Slot) -> None:
+    def _release_after_sync(self, slot: Slot, stream) -> None:
         try:
-            slot.stream.synchronize()
+            cuda.synchronize(stream)
         finally:
-            self._release(slot)
+            self._pool.release(slot)
+            self._pool.leave()
 
-    def _enqueue(self, slot: _Slot, feeds: dict, stream) -> dict[str, tuple[int, ...]]:
-        slot.set_shapes({name: tuple(v.shape) for name, v in feeds.items()})
+    def _enqueue(self, slot: Slot, feeds: dict, call: "_Call", stream) -> list:
+        key = tuple(tuple(v.shape) for v in feeds.values())  # feeds are in input order
+        out_shapes = slot.output_shapes(key)
+        views = {n: out_view(n, b, out_shapes[n]) for n, b in call.buffers.items()}  # sizes before any work
         for name, value in feeds.items():
             slot.bind(name, self._stage(slot, name, value, stream))
-        dtypes = {s.name: s.dtype for s in self.outputs}
-        out_shapes = {s.name: tuple(slot.context.get_tensor_shape(s.name)) for s in self.outputs}
+        for name in slot.output_names:  # every output needs an address, returned or not
+            view = views.get(name)
+            on_gpu = isinstance(view, DeviceTensor)
+            slot.bind(name, self._device_address(slot, f"out[{name}]", view, stream) if on_gpu
+                      else slot.own[name])
         slot.start.record(stream)
-        self._execute(slot, feeds, stream)
+        self._execute(slot, key, stream)
         slot.end.record(stream)
-        for name, shape in out_shapes.items():
-            slot.outputs[name].d2h_async(stream, _nbytes(shape, dtypes[name]))
+        results = [self._result(slot, spec, out_shapes[spec.name], views.get(spec.name), call, stream)
+                   for spec in call.outputs]
         slot.done.record(stream)
-        return out_shapes
+        return results
 
-    def _stage(self, slot: _Slot, name: str, value, stream) -> int:
+    def _result(self, slot: Slot, spec: IOSpec, shape, view, call: "_Call", stream) -> tuple:
+        """(name, value, copy?) for one returned output, enqueuing its copy back if it has one."""
+        buf = slot.outputs[spec.name]
+        if isinstance(view, DeviceTensor):
+            return spec.name, view, False  # the engine wrote into the caller's GPU memory
+        if view is not None:  # the caller's host array: copied straight into it
+            cuda.copy_async(view.ctypes.data, buf.device_ptr, view.nbytes, "DeviceToHost", stream)
+            return spec.name, view, False
+        if call.device_outputs:
+            tensor = DeviceTensor(buf.device_ptr, shape, np.dtype(spec.dtype), self.gpu.index, None, buf)
+            return spec.name, tensor, False
+        host = buf.host_view(shape, spec.dtype)
+        buf.d2h_async(stream, host.nbytes)
+        return spec.name, host, True
+
+    def _stage(self, slot: Slot, name: str, value, stream) -> int:
         """The device address to bind for one input: a staged copy, or the caller's GPU memory."""
         if isinstance(value, np.ndarray):
             buf = slot.inputs[name]
             np.copyto(buf.host_view(value.shape, value.dtype), value)
             buf.h2d_async(stream, value.nbytes)
             return buf.device_ptr
+        return self._device_address(slot, f"input {name}", value, stream)
+
+    def _device_address(self, slot: Slot, label: str, value: DeviceTensor, stream) -> int:
+        """The caller's GPU memory, checked to be on this engine's GPU; the call waits for the
+        producer's stream where the array names one."""
         owner = cuda.pointer_device(value.ptr)
         if owner is None:
-            raise InputError(f"input {name} claims to be on a GPU but its memory is not device memory")
+            raise InputError(f"{label} claims to be on a GPU but its memory is not device memory")
         if owner != self.gpu.index:
-            raise InputError(f"input {name} is on GPU {owner}; this engine runs on GPU {self.gpu.index}: "
+            raise InputError(f"{label} is on GPU {owner}; this engine runs on GPU {self.gpu.index}: "
                              f"move the tensor there or load the engine with device={owner}")
         if value.stream is not None and value.stream != int(stream):
-            slot.ready.record(value.stream)  # the producer's pending writes come first
+            slot.ready.record(value.stream)  # the producer's pending work comes first
             cuda.wait_event(stream, slot.ready)
         return value.ptr
 
-    def _execute(self, slot: _Slot, feeds: dict, stream) -> None:
-        staged = all(isinstance(v, np.ndarray) for v in feeds.values())
-        if not (self._graphs_ok and staged) or self.graph_mode == "runtime":
+    def _execute(self, slot: Slot, key: tuple, stream) -> None:
+        """Replays the captured graph of this shape when the context is in the state it was captured
+        in (same shapes, this slot's own buffers, an eager enqueue since the last change); otherwise
+        enqueues eagerly, and captures the shape if it has no graph yet."""
+        if not self._graphs_ok or self.graph_mode == "runtime" or slot.foreign:
             return self._enqueue_engine(slot, stream)
-        key = tuple(tuple(v.shape) for v in feeds.values())
-        graph = slot.graphs.get(key)
-        if graph is None:
-            self._enqueue_engine(slot, stream)  # runs this call eagerly and warms the shape up
+        graph = None if slot.dirty else slot.graphs.get(key)
+        if graph is not None:
+            slot.graphs.move_to_end(key)
+            return graph.launch(stream)
+        self._enqueue_engine(slot, stream)  # after a shape switch TensorRT must enqueue before a replay
+        if key not in slot.graphs:
             self._capture(slot, key)
-            return None
-        slot.graphs.move_to_end(key)
-        graph.launch(stream)
         return None
 
-    def _enqueue_engine(self, slot: _Slot, stream) -> None:
+    def _enqueue_engine(self, slot: Slot, stream) -> None:
         if not slot.context.execute_async_v3(int(stream)):
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
             raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
+        slot.dirty = False
 
-    def _capture(self, slot: _Slot, key) -> None:
+    def _capture(self, slot: Slot, key) -> None:
         """Captures the engine's launch for this shape on the context's own stream."""
         if not slot.context.is_stream_capturable(int(slot.stream.handle)):
             return self._disable_graphs("TensorRT says this engine's stream is not capturable")
@@ -392,24 +323,28 @@ class TensorRTModel(Model):
 
     def _disable_graphs(self, why: str) -> None:
         self._graphs_ok, self.graph_mode = False, None
-        warnings.warn(f"CUDA graphs turned off for {self.path.name}: {why}; running eagerly", RuntimeWarning,
-                      stacklevel=4)
+        message = f"CUDA graphs turned off for {self.path.name}: {why}; running eagerly"
+        if self.options.use_cuda_graph:  # asked for explicitly: say so loudly
+            warnings.warn(message, RuntimeWarning, stacklevel=5)
+        else:
+            log.info(message)
 
     # --- closing -----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Waits for in-flight work, saves the runtime cache, frees contexts and memory. Idempotent."""
-        with self._close_lock:
-            if self.closed:
-                return
-            for slot in self._slots:
-                slot.stream.synchronize()
-            self._save_cache()
-            self.closed = True
-            for slot in self._slots:
-                slot.close()
-            self._slots, self._configs, self._cache = [], [], None
-            self.engine = self._runtime = None
+        """Refuses new calls, waits for the calls in flight (other threads), then waits for the
+        GPU, saves the runtime cache and frees contexts and memory. Idempotent and thread-safe;
+        a pending call whose result was not read yet raises InputError when read afterwards."""
+        if not self._pool.close():
+            return
+        for slot in self._slots:
+            slot.stream.synchronize()
+            slot.done.synchronize()  # work enqueued on a caller's stream
+        self._save_cache()
+        for slot in self._slots:
+            slot.close()
+        self._slots, self._configs, self._cache = [], [], None
+        self.engine = self._runtime = None
 
     def _save_cache(self) -> None:
         if self._cache is None:
@@ -443,6 +378,15 @@ def deserialize(path: Path, manifest: dict, flavor, gpu: cuda.DeviceInfo, logger
             f"(compute capability {gpu.major}.{gpu.minor}): {why}; rebuild it here with "
             "python -m trt_seer build, or run the .onnx on CPU")
     return runtime, engine
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What one call asked for: the outputs to return, caller buffers for some, GPU or host."""
+
+    outputs: tuple[IOSpec, ...]
+    buffers: dict
+    device_outputs: bool
 
 
 def open_device(device: int) -> cuda.DeviceInfo:

@@ -3,7 +3,9 @@
 Both backends call `validate_feeds` before any work of their own, so a wrong name, dtype, rank or
 shape fails with the same message on TensorRT and on ONNX Runtime. Inputs may be numpy arrays or,
 for the TensorRT backend, GPU tensors that expose `__cuda_array_interface__` or DLPack
-(`DeviceTensor`: bound by pointer, never copied).
+(`DeviceTensor`: bound by pointer, never copied). Outputs may go to caller-provided buffers
+(`validate_out`, `out_view`); TensorRT hands its device-resident outputs out as `DeviceTensor`s,
+which expose `__cuda_array_interface__` (torch.as_tensor(t, device="cuda"), cupy.asarray(t)).
 """
 from __future__ import annotations
 
@@ -99,6 +101,12 @@ class DeviceTensor:
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """Version 3, no stream: the runtime hands a DeviceTensor out only once its writes are done."""
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False), "version": 3,
+                "strides": None, "stream": None}
 
 
 def is_device_array(value) -> bool:
@@ -241,3 +249,62 @@ def _check_shared_axes(spec: IOSpec, shape, sizes: dict) -> None:
         if first[1] != int(shape[axis]):
             raise InputError(f"inputs {first[0]} and {spec.name} disagree on the {name} axis: "
                              f"{first[1]} vs {int(shape[axis])}")
+
+
+def select_outputs(specs: Sequence[IOSpec], names: Sequence[str]) -> tuple[IOSpec, ...]:
+    """The specs of `names` in the order given (duplicates dropped); InputError for an unknown name."""
+    by_name = {s.name: s for s in specs}
+    returns = ", ".join(s.describe() for s in specs)
+    unknown = [str(n) for n in names if n not in by_name]
+    if unknown:
+        raise InputError(f"unknown output(s) {', '.join(unknown)}; the model returns {returns}")
+    if not names:
+        raise InputError(f"outputs is empty; name at least one of {returns}")
+    return tuple(by_name[n] for n in dict.fromkeys(names))
+
+
+def validate_out(selected: Sequence[IOSpec], out: Mapping | None, *, allow_device: bool = False,
+                 consumer_stream: int | None = None) -> dict:
+    """Checks caller-provided output buffers: names among `selected`, dtype, C-contiguous and
+    writable memory. Returns {name: ndarray | DeviceTensor}; sizes are checked per call by `out_view`."""
+    if not out:
+        return {}
+    if not isinstance(out, Mapping):
+        raise InputError(f"out must be a dict of output name -> array, got {type(out).__name__}")
+    wanted = {s.name: s for s in selected}
+    unknown = sorted(str(n) for n in out if n not in wanted)
+    if unknown:
+        raise InputError(f"out names {', '.join(unknown)}, which this call does not return; it returns "
+                         f"{', '.join(wanted)}")
+    return {name: _out_buffer(wanted[name], value, allow_device, consumer_stream) for name, value in out.items()}
+
+
+def _out_buffer(spec: IOSpec, value, allow_device: bool, consumer_stream: int | None):
+    label = f"out[{spec.name}]"
+    if is_device_array(value):
+        if not allow_device:
+            raise InputError(f"{label} is a GPU array; this backend writes host arrays (numpy)")
+        buf = _as_array(label, value, consumer_stream)
+    elif isinstance(value, np.ndarray):
+        if not (value.flags.c_contiguous and value.flags.writeable):
+            raise InputError(f"{label} must be a writable C-contiguous array (np.empty(shape, dtype))")
+        buf = value
+    else:
+        raise InputError(f"{label} is not an array ({type(value).__name__}); pass a numpy or GPU array")
+    if np.dtype(buf.dtype).name != spec.dtype:
+        raise InputError(f"{label} has dtype {np.dtype(buf.dtype).name}; output {spec.name} is {spec.dtype}")
+    return buf
+
+
+def out_view(name: str, buf, shape: tuple[int, ...]):
+    """The first prod(shape) elements of a caller's buffer, as an array of `shape` (no copy);
+    InputError when the buffer is too small. A [max_batch, hidden] buffer thus takes a smaller
+    batch in its first rows."""
+    need = int(np.prod(shape, dtype=np.int64))
+    have = int(np.prod(buf.shape, dtype=np.int64))
+    if have < need:
+        raise InputError(f"out[{name}] has shape {list(buf.shape)} ({have} elements); this call's {name} "
+                         f"is {list(shape)} ({need}): pass a larger buffer")
+    if isinstance(buf, np.ndarray):
+        return buf if buf.shape == shape else buf.reshape(-1)[:need].reshape(shape)
+    return DeviceTensor(buf.ptr, shape, buf.dtype, buf.device, buf.stream, buf.owner)

@@ -13,10 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, ManifestMismatchError, UnsupportedError
-from trt_seer.runtime.base import Completed, Model
-from trt_seer.runtime.io import IOSpec, dtype_name, specs_from_description, validate_feeds
+from trt_seer.runtime.base import CallGate, Completed, Model
+from trt_seer.runtime.io import IOSpec, dtype_name, out_view, specs_from_description, validate_feeds, validate_out
 
 OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
                        "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -95,6 +97,7 @@ class OnnxRuntimeModel(Model):
     def __init__(self, path: str | Path, options: OrtOptions = OrtOptions()):
         super().__init__()
         self.path, self.options = Path(path), options
+        self._gate = CallGate(self.path.name)
         if not self.path.is_file():
             raise InputError(f"ONNX file not found: {self.path}")
         self.manifest = manifest_io.read_if_exists(manifest_io.record_path(self.path))
@@ -104,16 +107,36 @@ class OnnxRuntimeModel(Model):
         else:
             self.inputs, self.outputs = session_specs(self.session)
 
-    def infer_async(self, feeds, stream=None) -> Completed:
-        """Runs at once (ONNX Runtime's run() is synchronous); returns the finished outputs."""
-        if self.closed:
-            raise InputError(f"{self.path.name} is closed")
+    def infer_async(self, feeds, stream=None, *, outputs=None, out=None, device_outputs: bool = False) -> Completed:
+        """Runs at once (ONNX Runtime's run() is synchronous); returns the finished outputs.
+
+        Only `outputs` (default: all) are computed and returned; `out` buffers (host numpy) get
+        their results written in place and the returned arrays are views of them.
+        """
+        self._gate.enter()
+        try:
+            return Completed(self._run(feeds, stream, outputs, out, device_outputs))
+        finally:
+            self._gate.leave()
+
+    def _run(self, feeds, stream, outputs, out, device_outputs: bool) -> dict:
         if stream is not None:
             raise InputError("the ONNX Runtime backend runs on the CPU and takes no CUDA stream")
+        if device_outputs:
+            raise InputError("the ONNX Runtime backend runs on the CPU and has no GPU outputs "
+                             "(device_outputs=True needs a TensorRT engine)")
+        selected = self.selected_outputs(outputs)
         valid = validate_feeds(self.inputs, feeds)
-        names = list(self.output_names)
-        return Completed(dict(zip(names, self.session.run(names, valid))))
+        buffers = validate_out(selected, out)
+        names = [s.name for s in selected]
+        results = dict(zip(names, self.session.run(names, valid)))
+        views = {name: out_view(name, buf, results[name].shape) for name, buf in buffers.items()}
+        for name, view in views.items():  # every size checked before any buffer is written
+            np.copyto(view, results[name])
+        results.update(views)
+        return results
 
     def close(self) -> None:
-        self.session = None
-        super().close()
+        """Waits for calls in flight (other threads), then drops the session. Idempotent."""
+        if self._gate.close():
+            self.session = None

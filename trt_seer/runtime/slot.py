@@ -1,0 +1,189 @@
+"""The TensorRT backend's per-context state and call lifecycle.
+
+`Slot`: one execution context with its stream, events, staging and output buffers, captured CUDA
+graphs and the shape / address state TensorRT was last enqueued with. `SlotPool`: the free slots
+behind a `CallGate`, so `close()` waits for calls in flight and callers waiting for a slot give up.
+`EnginePending`: an enqueued call; `result()` waits and returns what the call asked for.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from trt_seer.errors import CudaError, InputError, UnsupportedError
+from trt_seer.runtime import cuda
+from trt_seer.runtime.base import CallGate, Pending
+
+if TYPE_CHECKING:
+    from trt_seer.runtime.engine import TensorRTModel
+
+CACHE_LIMIT = 256  # output shapes kept per slot (one entry per input shape seen)
+
+
+def nbytes(shape, dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+class Slot:
+    """One execution context. `dirty` is True while the context's input shapes or tensor addresses
+    differ from those of its last `enqueueV3`: TensorRT redoes shape-dependent work on the next
+    enqueue, so a captured graph may replay only once an eager enqueue has run in the current state."""
+
+    def __init__(self, model: "TensorRTModel"):
+        self.context = model._new_context()
+        self.input_names = model.input_names
+        self.stream = cuda.Stream()
+        self.start, self.end = cuda.Event(), cuda.Event()
+        self.done, self.ready = cuda.Event(timing=False), cuda.Event(timing=False)
+        self.inputs = {s.name: cuda.HostDeviceBuffer(nbytes(s.max_shape, s.dtype)) for s in model.inputs}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.addresses: dict[str, int] = {}
+        self.foreign: set[str] = set()  # tensors bound to caller memory, not this slot's buffers
+        self.dirty = True
+        self.graphs: collections.OrderedDict = collections.OrderedDict()
+        self._out_shapes: dict[tuple, dict[str, tuple[int, ...]]] = {}
+        self.output_names = model.output_names
+        max_out = self._max_output_shapes(model)
+        self.outputs = {s.name: cuda.HostDeviceBuffer(nbytes(max_out[s.name], s.dtype)) for s in model.outputs}
+        self.own = {**{n: b.device_ptr for n, b in self.inputs.items()},
+                    **{n: b.device_ptr for n, b in self.outputs.items()}}
+        for name, buf in self.outputs.items():
+            self.bind(name, buf.device_ptr)
+
+    def _max_output_shapes(self, model: "TensorRTModel") -> dict[str, tuple[int, ...]]:
+        shapes = self.output_shapes(tuple(s.max_shape for s in model.inputs))
+        unknown = [n for n, shape in shapes.items() if min(shape, default=0) < 0]
+        if unknown:
+            raise UnsupportedError(f"outputs {unknown} have data-dependent shapes; this runtime sizes "
+                                   "outputs from the profile's max input shapes")
+        return shapes
+
+    def set_shapes(self, key: tuple[tuple[int, ...], ...]) -> None:
+        """Sets every input's shape (`key`: one shape per input, in the model's input order)."""
+        for name, shape in zip(self.input_names, key):
+            if self.shapes.get(name) != shape:
+                if not self.context.set_input_shape(name, shape):
+                    raise InputError(f"TensorRT rejected shape {list(shape)} for input {name}")
+                self.shapes[name] = shape
+                self.dirty = True
+
+    def output_shapes(self, key: tuple) -> dict[str, tuple[int, ...]]:
+        """Every output's shape for the input shapes `key` (set here; cached per key)."""
+        self.set_shapes(key)
+        shapes = self._out_shapes.get(key)
+        if shapes is None:
+            shapes = {n: tuple(self.context.get_tensor_shape(n)) for n in self.output_names}
+            if len(self._out_shapes) < CACHE_LIMIT:
+                self._out_shapes[key] = shapes
+        return shapes
+
+    def bind(self, name: str, address: int) -> None:
+        if self.addresses.get(name) != address:
+            self.context.set_tensor_address(name, address)
+            self.addresses[name] = address
+            self.dirty = True
+            if address == self.own.get(name):
+                self.foreign.discard(name)
+            else:
+                self.foreign.add(name)
+
+    def close(self) -> None:
+        for graph in self.graphs.values():
+            graph.close()
+        self.graphs.clear()
+        self.context = None
+        for buf in (*self.inputs.values(), *self.outputs.values()):
+            buf.close()
+        for owned in (self.start, self.end, self.done, self.ready, self.stream):
+            owned.close()
+
+
+class SlotPool(CallGate):
+    """Free slots (last released first, so one caller keeps reusing a slot whose graphs are warm)."""
+
+    def __init__(self, name: str, slots: list[Slot]):
+        super().__init__(name)
+        self.slots = list(slots)
+        self._free = list(slots)
+
+    def acquire(self) -> Slot:
+        """A free slot, waiting while all are busy; InputError once the model is closed. The caller
+        is inside the gate until it calls `leave()`."""
+        with self.cond:
+            self.cond.wait_for(lambda: self._free or self.closed)
+            self.check_open()
+            self.inside += 1
+            return self._free.pop()
+
+    def release(self, slot: Slot) -> None:
+        with self.cond:
+            self._free.append(slot)
+            self.cond.notify_all()
+
+    def reenter(self) -> None:
+        """Enters to read a call's result; InputError when the model was closed meanwhile."""
+        with self.cond:
+            if self.closed:
+                raise InputError(f"{self.name} was closed before this call's result was read")
+            self.inside += 1
+
+    def try_enter(self) -> bool:
+        with self.cond:
+            if not self.closed:
+                self.inside += 1
+            return not self.closed
+
+
+def _abandon(pool_ref, slot: Slot, keepalive) -> None:
+    """A Pending dropped without result(): wait for its work, then give its slot back."""
+    pool = pool_ref()
+    if pool is None or not pool.try_enter():
+        return  # the model is gone or closed: close() waited for this work and freed the slot
+    try:
+        slot.done.synchronize()
+    finally:
+        pool.release(slot)
+        pool.leave()
+
+
+class EnginePending(Pending):
+    """Work enqueued on a context's stream. `results` holds, per returned output, (name, value,
+    copy): host views of pinned buffers are copied into fresh arrays (copy=True); caller buffers
+    and device tensors are returned as they are."""
+
+    def __init__(self, model: "TensorRTModel", slot: Slot, results: list, keepalive):
+        self._model, self._slot, self._results = model, slot, results
+        self._outputs: dict | None = None
+        self._lock = threading.Lock()
+        # Keeps the caller's GPU tensors and buffers alive until the work is done, even if dropped.
+        self._finalizer = weakref.finalize(self, _abandon, weakref.ref(model._pool), slot, keepalive)
+
+    def done(self) -> bool:
+        if self._outputs is not None:
+            return True
+        return self._slot is not None and not self._model.closed and self._slot.done.query()
+
+    def result(self) -> dict:
+        with self._lock:
+            if self._outputs is None:
+                if self._slot is None:
+                    raise CudaError("this call failed when its result was first read", name="failed")
+                pool = self._model._pool
+                pool.reenter()
+                slot, self._slot = self._slot, None
+                self._finalizer.detach()
+                try:
+                    self._outputs = self._collect(slot)
+                finally:
+                    pool.release(slot)
+                    pool.leave()
+        return self._outputs
+
+    def _collect(self, slot: Slot) -> dict:
+        slot.done.synchronize()
+        self._model.last_gpu_ms = slot.end.elapsed_ms(slot.start)
+        return {name: value.copy() if copy else value for name, value, copy in self._results}
