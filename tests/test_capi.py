@@ -1,0 +1,222 @@
+"""The C ABI: libtrt_seer.so and trt_seer_example compiled with the system `cc`, run on a tiny BERT
+exported to ONNX, against Python's `trt_seer.runtime.load(...).infer(...)` on the same inputs;
+error paths from C (tests/capi_errors.c); an engine on TensorRT (gpu)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trt_seer.errors import DependencyError
+
+HERE = Path(__file__).resolve().parent
+NO_CC = shutil.which(os.environ.get("CC") or "cc") is None
+needs_cc = pytest.mark.skipif(NO_CC, reason="no C compiler (cc or $CC) on PATH")
+needs_libpython = pytest.mark.skipif(not sysconfig.get_config_var("Py_ENABLE_SHARED"),
+                                     reason="this Python has no shared libpython to embed")
+pytestmark = [needs_cc, needs_libpython]
+OPTIONS = '{"threads": 1}'  # one intra-op thread on both sides: the same arithmetic, bit for bit
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from trt_seer.capi.build import build
+
+    return build(tmp_path_factory.mktemp("capi"), example=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tmp_path_factory):
+    """A tiny BERT (feature-extraction: last_hidden_state, sentence_embedding) as ONNX."""
+    from tiny import make_tiny_checkpoint
+    from trt_seer.export.checkpoint import onnx_from_checkpoint
+    from trt_seer.export.families import resolve_model
+
+    root = tmp_path_factory.mktemp("tinybert")
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", root / "ckpt")
+    dest = root / "tiny.fp32.onnx"
+    onnx_from_checkpoint(resolve_model(ckpt), dest)
+    return dest
+
+
+def example_feeds(model, batch: int, seq: int) -> dict:
+    """The inputs example.c makes (its header comment says how)."""
+    b, s = np.meshgrid(np.arange(batch), np.arange(seq), indexing="ij")
+    values = {"input_ids": (b * 31 + s * 7) % 97 + 3, "attention_mask": ~((b % 2 == 1) & (s == seq - 1))}
+    return {i.name: values.get(i.name, np.zeros_like(b)).astype(i.dtype) for i in model.inputs}
+
+
+def run_example(built, *args, env=None):
+    return subprocess.run([str(built.example), *map(str, args)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def parse_outputs(stdout: str) -> dict:
+    """{name: (dtype, shape, first values)} from the example's `name dtype [dims]: v v v` lines."""
+    found = {}
+    for m in re.finditer(r"^(\S+) (\S+) \[([\d, ]*)\]: (.*)$", stdout, re.M):
+        found[m[1]] = (m[2], [int(d) for d in m[3].split(",")], [float(v) for v in m[4].split()])
+    return found
+
+
+def test_example_prints_the_io_and_returns_what_python_returns(built, tiny_onnx, tmp_path):
+    from trt_seer.runtime import load
+
+    batch, seq = 3, 7
+    r = run_example(built, tiny_onnx, "--batch", batch, "--seq", seq, "--options", OPTIONS, "--dump", tmp_path)
+    assert r.returncode == 0, r.stderr
+    with load(tiny_onnx, threads=1) as m:
+        want = m.infer(example_feeds(m, batch, seq))
+        lines = [f"{kind} {s.name} {s.dtype} {list(s.shape)}" for kind, specs in
+                 (("input", m.inputs), ("output", m.outputs)) for s in specs]
+    assert "backend onnxruntime" in r.stdout
+    for line in lines:
+        assert line in r.stdout
+    printed = parse_outputs(r.stdout)
+    assert sorted(printed) == sorted(want) == ["last_hidden_state", "sentence_embedding"]
+    for name, value in want.items():
+        dtype, shape, first = printed[name]
+        assert (dtype, shape) == (value.dtype.name, list(value.shape))
+        assert np.array_equal(np.float32(first), value.ravel()[:6])  # %.9g round-trips a float32
+        got = np.fromfile(tmp_path / f"{name}.bin", dtype=value.dtype).reshape(value.shape)
+        np.testing.assert_array_equal(got, value)
+
+
+def test_example_imports_no_torch(built, tiny_onnx):
+    r = run_example(built, tiny_onnx, "--options", OPTIONS, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert r.returncode == 0, r.stderr
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+    assert "onnxruntime" in imported and "trt_seer.capi.bridge" in imported  # the listing is real
+    heavy = sorted(n for n in imported if n.split(".")[0] in ("torch", "transformers", "onnx"))
+    assert heavy == []
+
+
+def test_example_times_repeated_calls(built, tiny_onnx):
+    r = run_example(built, tiny_onnx, "--options", OPTIONS, "--repeat", 20)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^per call: \d+\.\d us \(mean of 20\)$", r.stdout, re.M), r.stdout
+
+
+def test_missing_artifact_exits_with_the_status_and_one_line(built, tmp_path):
+    r = run_example(built, tmp_path / "absent.fp32.onnx")
+    assert r.returncode == 1  # TRT_SEER_E_INPUT
+    assert r.stderr == f"error 1: ONNX file not found: {tmp_path / 'absent.fp32.onnx'}\n"
+    assert r.stdout == ""
+
+
+@pytest.fixture(scope="module")
+def errors_program(built, tmp_path_factory):
+    exe = tmp_path_factory.mktemp("errors") / "capi_errors"
+    cmd = [shutil.which(os.environ.get("CC") or "cc"), "-std=c11", "-Wall", "-Werror", *built.cflags.split(),
+           str(HERE / "capi_errors.c"), "-o", str(exe), *built.ldflags.split(), "-lpthread"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return exe
+
+
+def test_error_paths_return_a_status_and_one_line_message(errors_program, tiny_onnx):
+    r = subprocess.run([str(errors_program), str(tiny_onnx)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("\t") for line in r.stdout.splitlines()]
+    assert all(len(row) == 3 for row in rows), r.stdout  # a newline inside a message would break a row
+    cases = {name: (int(status), message) for name, status, message in rows}
+    expected = {  # case: (status, words the message must hold)
+        "missing_file": (1, "ONNX file not found: /nonexistent/model.fp32.onnx"),
+        "bad_backend": (1, "unknown backend 'cuda'"),
+        "bad_options": (1, "options are not JSON"),
+        "unknown_option": (1, "unknown load option(s) threadz"),
+        "null_model": (1, "model is NULL"),
+        "info_range": (1, "input index 99 is out of range: the model has 3"),
+        "wrong_name": (1, "missing input(s) input_ids"),
+        "wrong_rank": (1, "input input_ids has rank 1 (shape [8])"),
+        "batch_mismatch": (1, "disagree on the batch axis: 2 vs 1"),
+        "wrong_dtype": (1, "input input_ids has dtype int32; the model takes int64"),
+        "null_data": (1, "input input_ids has no data"),
+        "missing_input": (1, "missing input(s) token_type_ids"),
+        "small_buffer": (4, "output sentence_embedding is float32[2, 32] = 256 bytes; its buffer holds 4"),
+        "unknown_output": (1, "unknown output pooler_output"),
+    }
+    for case, (status, words) in expected.items():
+        assert cases[case][0] == status, (case, cases[case])
+        assert words in cases[case][1], (case, cases[case])
+    for case in ("open", "run", "run_again", "close"):  # successes clear the thread's message
+        assert cases[case] == (0, ""), (case, cases[case])
+    assert cases["thread_sees"] == (0, "")  # another thread's last error is its own
+
+
+def test_engine_without_a_usable_tensorrt_falls_back_to_its_onnx_like_python(built, tiny_onnx, tmp_path):
+    from trt_seer.runtime import tensorrt_unavailable_reason
+
+    if tensorrt_unavailable_reason() is None:
+        pytest.skip("TensorRT runs engines here, so an engine does not fall back")
+    engine = tmp_path / "tiny.fp32.engine"
+    engine.write_bytes(b"not an engine: TensorRT is not usable here, so it is never read")
+    shutil.copy(tiny_onnx, tmp_path / "tiny.fp32.onnx")
+    r = run_example(built, engine, "--options", OPTIONS)
+    assert r.returncode == 0, r.stderr
+    assert "backend onnxruntime" in r.stdout
+    assert "running tiny.fp32.onnx on ONNX Runtime (CPU) instead of tiny.fp32.engine" in r.stderr
+    r = run_example(built, engine, "--backend", "tensorrt")
+    assert r.returncode == 3 and r.stderr.startswith("error 3: cannot run tiny.fp32.engine on TensorRT")
+
+
+def test_header_compiles_as_cplusplus_and_links(built, tmp_path):
+    cxx = shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (c++) on PATH")
+    src = tmp_path / "use.cpp"
+    src.write_text('#include "trt_seer.h"\n#include <cstdio>\nint main() {\n'
+                   '  trt_seer_model *m = nullptr;\n'
+                   '  trt_seer_status s = trt_seer_open("/nonexistent.onnx", nullptr, nullptr, &m);\n'
+                   '  std::printf("%d %s\\n", int(s), trt_seer_last_error());\n  return m != nullptr;\n}\n')
+    subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", *built.cflags.split(), str(src), "-o",
+                    str(tmp_path / "use"), *built.ldflags.split()], check=True, capture_output=True)
+    r = subprocess.run([str(tmp_path / "use")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "1 ONNX file not found: /nonexistent.onnx\n", r
+
+
+def test_build_names_a_missing_compiler(tmp_path):
+    from trt_seer.capi.build import build
+
+    with pytest.raises(DependencyError, match="no C compiler 'no-such-cc'"):
+        build(tmp_path, cc="no-such-cc")
+    r = subprocess.run([sys.executable, "-m", "trt_seer.capi.build", "--out", str(tmp_path), "--cc", "no-such-cc"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no C compiler" in r.stderr
+    assert not (tmp_path / "libtrt_seer.so").exists()
+
+
+# --- an engine on TensorRT -----------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_example_runs_an_engine_on_tensorrt_like_python(built, tmp_path):
+    from tiny import make_tiny_checkpoint
+    from trt_seer.runtime import load, tensorrt_unavailable_reason
+
+    reason = tensorrt_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no TensorRT that runs engines here: {reason}")
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "ckpt")
+    out = tmp_path / "engines"
+    cmd = [sys.executable, "-m", "trt_seer", "build", "--model", str(ckpt), "--fp32", "--batch", "1,2,4",
+           "--seq", "4,8,16", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "TQDM_DISABLE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    engine = next(out.glob("*.fp32.engine"))
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    r = run_example(built, engine, "--backend", "tensorrt", "--batch", 3, "--seq", 7, "--dump", dump)
+    assert r.returncode == 0, r.stderr
+    assert "backend tensorrt" in r.stdout
+    with load(engine, backend="tensorrt") as m:
+        want = m.infer(example_feeds(m, 3, 7))
+    for name, value in want.items():
+        got = np.fromfile(dump / f"{name}.bin", dtype=value.dtype).reshape(value.shape)
+        # Two processes may pick different kernels (TensorRT-RTX compiles them at run time).
+        np.testing.assert_allclose(got, value, rtol=1e-4, atol=1e-5)
