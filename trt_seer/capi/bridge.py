@@ -7,6 +7,7 @@ into the caller's buffer. Dtype codes are the indices of `DTYPES` (the `trt_seer
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Sequence
 
@@ -19,6 +20,7 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8",
 # trt_seer_status codes, most specific class first.
 STATUS = ((errors.ManifestMismatchError, 2), (errors.InputError, 1), (errors.DependencyError, 3),
           (errors.CudaError, 5), (errors.TrtSeerError, 6))
+DTYPE_CODES = {np.dtype(n): i for i, n in enumerate(DTYPES) if n != "bfloat16"}
 BUFFER_TOO_SMALL, INTERNAL = 4, 7
 
 
@@ -38,17 +40,28 @@ def status_of(exc: BaseException) -> tuple[int, str]:
     return INTERNAL, f"{type(exc).__name__}: {message}"
 
 
-def open_model(path: str, backend: str, options_json: str) -> Model:
+class Handle:
+    """What the C library holds for an open model: the Model and per-output facts looked up once."""
+
+    def __init__(self, model: Model):
+        self.model, self.backend = model, model.backend
+        self.outputs = {s.name: s for s in model.outputs}
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def open_model(path: str, backend: str, options_json: str) -> Handle:
     try:
         options = json.loads(options_json) if options_json else {}
     except json.JSONDecodeError as e:
         raise errors.InputError(f"options are not JSON ({e}): {options_json!r}") from e
     if not isinstance(options, dict):
         raise errors.InputError(f"options must be a JSON object, got {options_json!r}")
-    return load(path, backend=backend or "auto", **options)
+    return Handle(load(path, backend=backend or "auto", **options))
 
 
-def describe(model: Model) -> tuple[list, list]:
+def describe(handle: Handle) -> tuple[list, list]:
     """Per input and output: (name, dtype code, shape, min_shape, max_shape), -1 where unknown."""
 
     def one(spec):
@@ -56,7 +69,7 @@ def describe(model: Model) -> tuple[list, list]:
         return (spec.name, dtype_code(spec.dtype), tuple(spec.shape),
                 tuple(spec.min_shape or unknown), tuple(spec.max_shape or unknown))
 
-    return [one(s) for s in model.inputs], [one(s) for s in model.outputs]
+    return [one(s) for s in handle.model.inputs], [one(s) for s in handle.model.outputs]
 
 
 def dtype_code(name: str) -> int:
@@ -65,45 +78,54 @@ def dtype_code(name: str) -> int:
     return DTYPES.index(name)
 
 
+@functools.lru_cache(maxsize=None)
+def numpy_dtype(code: int) -> np.dtype:
+    try:
+        return np.dtype(DTYPES[code])
+    except TypeError as e:  # bfloat16: numpy has none
+        raise errors.UnsupportedError(f"numpy has no {DTYPES[code]} dtype to hold this tensor") from e
+
+
 def _feeds(names: Sequence[str], codes: Sequence[int], shapes: Sequence[tuple], buffers: Sequence) -> dict:
     """numpy views over the caller's memory; a broadcast zero where a buffer is None (shape queries)."""
     feeds = {}
     for name, code, shape, buf in zip(names, codes, shapes, buffers):
         if name in feeds:
             raise errors.InputError(f"input {name} is given twice")
-        dtype = np.dtype(DTYPES[code])
+        dtype = numpy_dtype(code)
         feeds[name] = (np.broadcast_to(np.zeros((), dtype), shape) if buf is None
                        else np.frombuffer(buf, dtype).reshape(shape))
     return feeds
 
 
-def _output_specs(model: Model, out_names: Sequence[str | None]):
-    specs = {s.name: s for s in model.outputs}
-    chosen = []
+def _output_specs(handle: Handle, out_names: Sequence[str | None]):
+    outputs, chosen = handle.model.outputs, []
     for i, name in enumerate(out_names):
         if name is None:
-            if i >= len(model.outputs):
+            if i >= len(outputs):
                 raise errors.InputError(f"output entry {i} has no name and the model has "
-                                        f"{len(model.outputs)} outputs: {', '.join(specs)}")
-            name = model.outputs[i].name
-        if name not in specs:
-            raise errors.InputError(f"unknown output {name}; the model returns {', '.join(specs)}")
-        chosen.append(specs[name])
+                                        f"{len(outputs)} outputs: {', '.join(handle.outputs)}")
+            name = outputs[i].name
+        spec = handle.outputs.get(name)
+        if spec is None:
+            raise errors.InputError(f"unknown output {name}; the model returns {', '.join(handle.outputs)}")
+        chosen.append(spec)
     return chosen
 
 
-def output_shapes(model: Model, names, codes, shapes, out_names) -> list[tuple[int, tuple]]:
+def output_shapes(handle: Handle, names, codes, shapes, out_names) -> list[tuple[int, tuple]]:
     """(dtype code, shape) per requested output for these input shapes, from the model's
     description: dynamic output axes take the size of the input axis of the same name."""
     from trt_seer.runtime.io import validate_feeds
 
+    model = handle.model
     validate_feeds(model.inputs, _feeds(names, codes, shapes, [None] * len(names)))
     sizes, by_name = {}, dict(zip(names, shapes))
     for spec in model.inputs:
         for axis, label in enumerate(spec.axes):
             if label is not None:
                 sizes.setdefault(label, by_name[spec.name][axis])
-    return [(dtype_code(spec.dtype), _resolve(spec, sizes)) for spec in _output_specs(model, out_names)]
+    return [(dtype_code(spec.dtype), _resolve(spec, sizes)) for spec in _output_specs(handle, out_names)]
 
 
 def _resolve(spec, sizes: dict) -> tuple[int, ...]:
@@ -118,15 +140,19 @@ def _resolve(spec, sizes: dict) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def run(model: Model, names, codes, shapes, buffers, out_names, out_buffers) -> list[tuple[int, tuple]]:
+def run(handle: Handle, names, codes, shapes, buffers, out_names, out_buffers) -> list[tuple[int, tuple]]:
     """Runs one batch; copies each requested output into its buffer; returns (dtype code, shape)."""
-    outputs = model.infer(_feeds(names, codes, shapes, buffers))
+    specs = _output_specs(handle, out_names)
+    outputs = handle.model.infer(_feeds(names, codes, shapes, buffers))
     result = []
-    for spec, buf in zip(_output_specs(model, out_names), out_buffers):
+    for spec, buf in zip(specs, out_buffers):
         value = np.ascontiguousarray(outputs[spec.name])
         if value.nbytes > len(buf):
             raise BufferTooSmall(f"output {spec.name} is {value.dtype}{list(value.shape)} = {value.nbytes} "
                                  f"bytes; its buffer holds {len(buf)}")
         np.copyto(np.frombuffer(buf, value.dtype, count=value.size).reshape(value.shape), value)
-        result.append((dtype_code(value.dtype.name), tuple(int(d) for d in value.shape)))
+        code = DTYPE_CODES.get(value.dtype)
+        if code is None:
+            raise errors.UnsupportedError(f"output {spec.name} has dtype {value.dtype}, which trt_seer.h has no code for")
+        result.append((code, value.shape))
     return result
