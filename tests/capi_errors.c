@@ -28,6 +28,29 @@ static void good_inputs(trt_seer_model *m) {
     }
 }
 
+/* Several threads run one model at once; each must get the single-threaded answer. */
+static trt_seer_model *shared;
+static float reference[2 * 32];
+
+static void *worker(void *arg) {
+    float mine[2 * 32];
+    trt_seer_output o = {.name = "sentence_embedding", .data = mine, .capacity_bytes = sizeof mine};
+    for (int i = 0; i < 20; ++i)
+        if (trt_seer_run(shared, n_inputs, inputs, 1, &o) != TRT_SEER_OK || memcmp(mine, reference, sizeof mine))
+            *(int *)arg = 1;
+    return NULL;
+}
+
+static void threads_agree(trt_seer_model *m) {
+    trt_seer_output o = {.name = "sentence_embedding", .data = reference, .capacity_bytes = sizeof reference};
+    pthread_t t[4];
+    int bad[4] = {0, 0, 0, 0}, any = trt_seer_run(m, n_inputs, inputs, 1, &o) != TRT_SEER_OK;
+    shared = m;
+    for (int i = 0; i < 4; ++i) pthread_create(&t[i], NULL, worker, &bad[i]);
+    for (int i = 0; i < 4; ++i) pthread_join(t[i], NULL), any |= bad[i];
+    printf("threads_agree\t%d\t%s\n", any, any ? "a thread's call failed or differed" : "");
+}
+
 static void *other_thread(void *arg) {
     (void)arg;
     printf("thread_sees\t0\t%s\n", trt_seer_last_error()); /* this thread failed nothing */
@@ -78,6 +101,7 @@ int main(int argc, char **argv) {
     trt_seer_output unknown = {.name = "pooler_output", .data = big, .capacity_bytes = sizeof big};
     report("unknown_output", trt_seer_run(m, n_inputs, inputs, 1, &unknown));
     report("run_again", trt_seer_run(m, n_inputs, inputs, 1, &out));
+    threads_agree(m);
     report("close", trt_seer_close(m));
     return 0;
 }

@@ -148,6 +148,25 @@ def test_error_paths_return_a_status_and_one_line_message(errors_program, tiny_o
     for case in ("open", "run", "run_again", "close"):  # successes clear the thread's message
         assert cases[case] == (0, ""), (case, cases[case])
     assert cases["thread_sees"] == (0, "")  # another thread's last error is its own
+    assert cases["threads_agree"] == (0, "")  # 4 threads x 20 calls on one model, same answer
+
+
+def test_library_joins_the_interpreter_of_a_python_host(built, tiny_onnx):
+    """Loaded into a Python process (ctypes here; an extension module alike), the library uses the
+    host's interpreter instead of starting its own."""
+    script = f"""
+import ctypes
+lib = ctypes.CDLL({str(built.library)!r})
+lib.trt_seer_last_error.restype = ctypes.c_char_p
+model, n = ctypes.c_void_p(), ctypes.c_int32()
+print(lib.trt_seer_open(b"/nonexistent.onnx", None, None, ctypes.byref(model)), lib.trt_seer_last_error().decode())
+print(lib.trt_seer_open({str(tiny_onnx).encode()!r}, None, None, ctypes.byref(model)), lib.trt_seer_last_error().decode())
+lib.trt_seer_num_outputs(model, ctypes.byref(n))
+print(n.value, lib.trt_seer_close(model))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["1 ONNX file not found: /nonexistent.onnx", "0 ", "2 0"]
 
 
 def test_engine_without_a_usable_tensorrt_falls_back_to_its_onnx_like_python(built, tiny_onnx, tmp_path):
