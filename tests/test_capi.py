@@ -27,9 +27,18 @@ OPTIONS = '{"threads": 1}'  # one intra-op thread on both sides: the same arithm
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from trt_seer.capi.build import build
+    """The library and the example, built by the command README.md gives."""
+    from trt_seer.capi.build import Built
 
-    return build(tmp_path_factory.mktemp("capi"), example=True)
+    out = tmp_path_factory.mktemp("capi")
+    r = subprocess.run([sys.executable, "-m", "trt_seer.capi.build", "--out", str(out), "--example"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    printed = dict(line.split(":", 1) for line in r.stdout.splitlines())
+    built = Built(Path(printed["library"].strip()), out / "trt_seer.h", Path(printed["example"].strip()),
+                  printed["CFLAGS"].strip(), printed["LDFLAGS"].strip())
+    assert built.library == out.resolve() / "libtrt_seer.so" and built.header.is_file()
+    return built
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +96,27 @@ def test_example_prints_the_io_and_returns_what_python_returns(built, tiny_onnx,
         assert np.array_equal(np.float32(first), value.ravel()[:6])  # %.9g round-trips a float32
         got = np.fromfile(tmp_path / f"{name}.bin", dtype=value.dtype).reshape(value.shape)
         np.testing.assert_array_equal(got, value)
+
+
+def test_the_c_client_in_docs_runtime_md_runs_as_written(built, tiny_onnx, tmp_path):
+    from trt_seer.runtime import load
+
+    doc = (HERE.parent / "docs" / "RUNTIME.md").read_text()
+    (src,) = re.findall(r"^```c\n(.*?)^```", doc, flags=re.S | re.M)
+    (tmp_path / "client.c").write_text(src)
+    cmd = [shutil.which(os.environ.get("CC") or "cc"), "-std=c11", "-Wall", "-Werror", *built.cflags.split(),
+           str(tmp_path / "client.c"), "-o", str(tmp_path / "client"), *built.ldflags.split()]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    r = subprocess.run([str(tmp_path / "client"), str(tiny_onnx)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    ids = 101 + np.arange(16, dtype=np.int64).reshape(2, 8)
+    with load(tiny_onnx) as m:
+        want = m.infer({"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)})
+    lines = r.stdout.splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["last_hidden_state float32 [2, 8, 32]",
+                                                  "sentence_embedding float32 [2, 32]"]
+    for line, value in zip(lines, want.values()):  # default threads: equal to float32 rounding
+        np.testing.assert_allclose(np.float32(line.split(": ")[1]), value.ravel()[0], rtol=1e-5, atol=1e-6)
 
 
 def test_example_imports_no_torch(built, tiny_onnx):
