@@ -17,7 +17,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from trt_seer.errors import DependencyError, InputError, TrtSeerError
+from trt_seer.errors import DependencyError, TrtSeerError
 from trt_seer.files import atomic_path, atomic_write_bytes, ensure_out_dir
 
 SOURCES = Path(__file__).resolve().parent
@@ -96,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         built = build(args.out, example=args.example, cc=args.cc)
-    except (InputError, TrtSeerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return getattr(e, "exit_code", 1)
+    except TrtSeerError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return e.exit_code
     print(f"library: {built.library}")
     if built.example:
         print(f"example: {built.example}")

@@ -197,7 +197,7 @@ static trt_seer_model *wrap_model(PyObject *py) {
     if (m == NULL) return (trt_seer_model *)PyErr_NoMemory();
     m->model = py;
     PyObject *desc = call("describe", Py_BuildValue("(O)", py));
-    PyObject *backend = PyObject_GetAttrString(py, "backend");
+    PyObject *backend = desc ? PyObject_GetAttrString(py, "backend") : NULL;
     const char *b = backend ? PyUnicode_AsUTF8(backend) : NULL;
     int good = desc != NULL && b != NULL && PyTuple_Check(desc) && PyTuple_GET_SIZE(desc) == 2;
     if (good) {
