@@ -199,6 +199,56 @@ print(n.value, lib.trt_seer_close(model))
     assert r.stdout.splitlines() == ["1 ONNX file not found: /nonexistent.onnx", "0 ", "2 0"]
 
 
+def flatten_graph(path: Path) -> Path:
+    """input_ids [batch, seq] -> flat = float(input_ids).reshape(-1): an output axis (batch * seq)
+    that no input axis names."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Reshape", ["input_ids", "minus_one"], ["r"]),
+             helper.make_node("Cast", ["r"], ["flat"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "flatten", [helper.make_tensor_value_info("input_ids", TensorProto.INT64,
+                                                                               ["batch", "seq"])],
+                              [helper.make_tensor_value_info("flat", TensorProto.FLOAT, ["n"])],
+                              [helper.make_tensor("minus_one", TensorProto.INT64, [1], [-1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_an_output_shape_the_inputs_do_not_give_is_read_after_the_run(built, tmp_path):
+    """Through ctypes (what a Rust or Go binding does by hand): the query names the axis it cannot
+    size; a run into a generous buffer returns the real shape."""
+    graph = flatten_graph(tmp_path / "flatten.onnx")
+    script = f"""
+import ctypes as c
+import numpy as np
+class Input(c.Structure):
+    _fields_ = [("name", c.c_char_p), ("dtype", c.c_int), ("ndim", c.c_int32),
+                ("shape", c.POINTER(c.c_int64)), ("data", c.c_void_p)]
+class Output(c.Structure):
+    _fields_ = [("name", c.c_char_p), ("data", c.c_void_p), ("capacity_bytes", c.c_size_t),
+                ("dtype", c.c_int), ("ndim", c.c_int32), ("shape", c.c_int64 * 8)]
+lib = c.CDLL({str(built.library)!r})
+lib.trt_seer_last_error.restype = c.c_char_p
+m = c.c_void_p()
+assert lib.trt_seer_open({str(graph).encode()!r}, None, None, c.byref(m)) == 0
+ids = np.arange(6, dtype=np.int64).reshape(2, 3)
+shape = (c.c_int64 * 2)(2, 3)
+inp = Input(b"input_ids", 4, 2, shape, ids.ctypes.data)
+buf = np.zeros(64, np.float32)
+out = Output(b"flat", buf.ctypes.data, buf.nbytes)
+print(lib.trt_seer_output_shapes(m, 1, c.byref(inp), 1, c.byref(out)), lib.trt_seer_last_error().decode())
+print(lib.trt_seer_run(m, 1, c.byref(inp), 1, c.byref(out)), out.dtype, list(out.shape[:out.ndim]), buf[:7].tolist())
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    query, run = r.stdout.splitlines()
+    assert query.startswith("1 output flat axis 0 does not follow from the input shapes")
+    assert run == "0 0 [6] [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0]"
+
+
 def test_engine_without_a_usable_tensorrt_falls_back_to_its_onnx_like_python(built, tiny_onnx, tmp_path):
     from trt_seer.runtime import tensorrt_unavailable_reason
 
