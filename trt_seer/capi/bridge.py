@@ -1,0 +1,158 @@
+"""The Python side of libtrt_seer (trt_seer.c calls these functions with the GIL held).
+
+It only calls the public runtime API (`trt_seer.runtime.load`, `Model.infer`), so the C library
+runs exactly what Python services run. Caller memory arrives as memoryviews over the C buffers
+(`PyMemoryView_FromMemory`): inputs become numpy views without a copy; each output is copied once
+into the caller's buffer. Dtype codes are the indices of `DTYPES` (the `trt_seer_dtype` enum).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from typing import Sequence
+
+import numpy as np
+
+from trt_seer import errors
+from trt_seer.runtime import Model, load
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
+# trt_seer_status codes, most specific class first.
+STATUS = ((errors.ManifestMismatchError, 2), (errors.InputError, 1), (errors.DependencyError, 3),
+          (errors.CudaError, 5), (errors.TrtSeerError, 6))
+DTYPE_CODES = {np.dtype(n): i for i, n in enumerate(DTYPES) if n != "bfloat16"}
+BUFFER_TOO_SMALL, INTERNAL = 4, 7
+
+
+class BufferTooSmall(errors.TrtSeerError):
+    """An output buffer cannot hold the output."""
+
+
+def status_of(exc: BaseException) -> tuple[int, str]:
+    """(trt_seer_status, one-line message) for an exception raised by the functions below."""
+    lines = str(exc).strip().splitlines()
+    message = lines[0] if lines else type(exc).__name__
+    if isinstance(exc, BufferTooSmall):
+        return BUFFER_TOO_SMALL, message
+    for cls, code in STATUS:
+        if isinstance(exc, cls):
+            return code, message
+    return INTERNAL, f"{type(exc).__name__}: {message}"
+
+
+class Handle:
+    """What the C library holds for an open model: the Model and per-output facts looked up once."""
+
+    def __init__(self, model: Model):
+        self.model, self.backend = model, model.backend
+        self.outputs = {s.name: s for s in model.outputs}
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def open_model(path: str, backend: str, options_json: str) -> Handle:
+    try:
+        options = json.loads(options_json) if options_json else {}
+    except json.JSONDecodeError as e:
+        raise errors.InputError(f"options are not JSON ({e}): {options_json!r}") from e
+    if not isinstance(options, dict):
+        raise errors.InputError(f"options must be a JSON object, got {options_json!r}")
+    return Handle(load(path, backend=backend or "auto", **options))
+
+
+def describe(handle: Handle) -> tuple[list, list]:
+    """Per input and output: (name, dtype code, shape, min_shape, max_shape), -1 where unknown."""
+
+    def one(spec):
+        unknown = (-1,) * len(spec.shape)
+        return (spec.name, dtype_code(spec.dtype), tuple(spec.shape),
+                tuple(spec.min_shape or unknown), tuple(spec.max_shape or unknown))
+
+    return [one(s) for s in handle.model.inputs], [one(s) for s in handle.model.outputs]
+
+
+def dtype_code(name: str) -> int:
+    if name not in DTYPES:
+        raise errors.UnsupportedError(f"dtype {name} has no trt_seer_dtype code")
+    return DTYPES.index(name)
+
+
+@functools.lru_cache(maxsize=None)
+def numpy_dtype(code: int) -> np.dtype:
+    try:
+        return np.dtype(DTYPES[code])
+    except TypeError as e:  # bfloat16: numpy has none
+        raise errors.UnsupportedError(f"numpy has no {DTYPES[code]} dtype to hold this tensor") from e
+
+
+def _feeds(names: Sequence[str], codes: Sequence[int], shapes: Sequence[tuple], buffers: Sequence) -> dict:
+    """numpy views over the caller's memory; a broadcast zero where a buffer is None (shape queries)."""
+    feeds = {}
+    for name, code, shape, buf in zip(names, codes, shapes, buffers):
+        if name in feeds:
+            raise errors.InputError(f"input {name} is given twice")
+        dtype = numpy_dtype(code)
+        feeds[name] = (np.broadcast_to(np.zeros((), dtype), shape) if buf is None
+                       else np.frombuffer(buf, dtype).reshape(shape))
+    return feeds
+
+
+def _output_specs(handle: Handle, out_names: Sequence[str | None]):
+    outputs, chosen = handle.model.outputs, []
+    for i, name in enumerate(out_names):
+        if name is None:
+            if i >= len(outputs):
+                raise errors.InputError(f"output entry {i} has no name and the model has "
+                                        f"{len(outputs)} outputs: {', '.join(handle.outputs)}")
+            name = outputs[i].name
+        spec = handle.outputs.get(name)
+        if spec is None:
+            raise errors.InputError(f"unknown output {name}; the model returns {', '.join(handle.outputs)}")
+        chosen.append(spec)
+    return chosen
+
+
+def output_shapes(handle: Handle, names, codes, shapes, out_names) -> list[tuple[int, tuple]]:
+    """(dtype code, shape) per requested output for these input shapes, from the model's
+    description: dynamic output axes take the size of the input axis of the same name."""
+    from trt_seer.runtime.io import validate_feeds
+
+    model = handle.model
+    validate_feeds(model.inputs, _feeds(names, codes, shapes, [None] * len(names)))
+    sizes, by_name = {}, dict(zip(names, shapes))
+    for spec in model.inputs:
+        for axis, label in enumerate(spec.axes):
+            if label is not None:
+                sizes.setdefault(label, by_name[spec.name][axis])
+    return [(dtype_code(spec.dtype), _resolve(spec, sizes)) for spec in _output_specs(handle, out_names)]
+
+
+def _resolve(spec, sizes: dict) -> tuple[int, ...]:
+    dims = []
+    for axis, d in enumerate(spec.shape):
+        label = spec.axes[axis] if axis < len(spec.axes) else None
+        if d < 0 and label not in sizes:
+            raise errors.UnsupportedError(f"output {spec.name} axis {axis} does not follow from the input "
+                                          "shapes; size its buffer generously and read the shape "
+                                          "trt_seer_run returns")
+        dims.append(int(sizes[label]) if d < 0 else d)
+    return tuple(dims)
+
+
+def run(handle: Handle, names, codes, shapes, buffers, out_names, out_buffers) -> list[tuple[int, tuple]]:
+    """Runs one batch; copies each requested output into its buffer; returns (dtype code, shape)."""
+    specs = _output_specs(handle, out_names)
+    outputs = handle.model.infer(_feeds(names, codes, shapes, buffers))
+    result = []
+    for spec, buf in zip(specs, out_buffers):
+        value = np.ascontiguousarray(outputs[spec.name])
+        if value.nbytes > len(buf):
+            raise BufferTooSmall(f"output {spec.name} is {value.dtype}{list(value.shape)} = {value.nbytes} "
+                                 f"bytes; its buffer holds {len(buf)}")
+        np.copyto(np.frombuffer(buf, value.dtype, count=value.size).reshape(value.shape), value)
+        code = DTYPE_CODES.get(value.dtype)
+        if code is None:
+            raise errors.UnsupportedError(f"output {spec.name} has dtype {value.dtype}, which trt_seer.h has no code for")
+        result.append((code, value.shape))
+    return result

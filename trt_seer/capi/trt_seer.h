@@ -1,0 +1,125 @@
+/* trt_seer.h: the C ABI of the trt_seer runtime, for C, C++, Rust (bindgen / extern "C") and
+ * Go (cgo) services.
+ *
+ *   trt_seer_model *m;
+ *   if (trt_seer_open("engines/x.fp16.engine", NULL, NULL, &m) != TRT_SEER_OK)
+ *       fprintf(stderr, "%s\n", trt_seer_last_error());
+ *   ... trt_seer_output_shapes(m, n_in, inputs, n_out, outputs);   // sizes for the buffers
+ *   ... trt_seer_run(m, n_in, inputs, n_out, outputs);
+ *   trt_seer_close(m);
+ *
+ * Build: `python -m trt_seer.capi.build --out DIR` writes libtrt_seer.so and this header to DIR
+ * and prints the compiler and linker flags. docs/RUNTIME.md describes the design and its costs.
+ *
+ * Every function returns a trt_seer_status; on failure trt_seer_last_error() returns a one-line
+ * message for the calling thread. Memory is host memory, contiguous and row-major (C order).
+ * Any thread may call any function; calls on one model may overlap.
+ */
+#ifndef TRT_SEER_H
+#define TRT_SEER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TRT_SEER_ABI_VERSION 1
+#define TRT_SEER_MAX_DIMS 8
+
+typedef enum {
+    TRT_SEER_OK = 0,
+    TRT_SEER_E_INPUT = 1,      /* bad argument, missing file, wrong input name/dtype/shape */
+    TRT_SEER_E_MANIFEST = 2,   /* the engine's manifest does not match this runtime or GPU */
+    TRT_SEER_E_DEPENDENCY = 3, /* no usable TensorRT / GPU / ONNX Runtime for this artifact */
+    TRT_SEER_E_BUFFER = 4,     /* an output buffer is smaller than the output */
+    TRT_SEER_E_CUDA = 5,       /* a CUDA call failed */
+    TRT_SEER_E_RUNTIME = 6,    /* any other runtime failure (the message says which) */
+    TRT_SEER_E_INTERNAL = 7    /* the embedded runtime could not start or raised unexpectedly */
+} trt_seer_status;
+
+/* The order is part of the ABI. */
+typedef enum {
+    TRT_SEER_FLOAT32 = 0,
+    TRT_SEER_FLOAT16 = 1,
+    TRT_SEER_BFLOAT16 = 2,
+    TRT_SEER_FLOAT64 = 3,
+    TRT_SEER_INT64 = 4,
+    TRT_SEER_INT32 = 5,
+    TRT_SEER_INT8 = 6,
+    TRT_SEER_UINT8 = 7,
+    TRT_SEER_BOOL = 8
+} trt_seer_dtype;
+
+typedef struct trt_seer_model trt_seer_model; /* opaque */
+
+/* One input or output as the artifact's manifest / record describes it. */
+typedef struct {
+    const char *name;                      /* owned by the model; valid until trt_seer_close */
+    trt_seer_dtype dtype;
+    int32_t ndim;
+    int64_t shape[TRT_SEER_MAX_DIMS];      /* -1 for a dynamic axis */
+    int64_t min_shape[TRT_SEER_MAX_DIMS];  /* the profile's bounds; -1 where the artifact has none */
+    int64_t max_shape[TRT_SEER_MAX_DIMS];
+} trt_seer_tensor_info;
+
+/* An input the caller owns: read only, never retained after the call returns. */
+typedef struct {
+    const char *name;
+    trt_seer_dtype dtype;
+    int32_t ndim;
+    const int64_t *shape;
+    const void *data;                      /* may be NULL for trt_seer_output_shapes */
+} trt_seer_input;
+
+/* An output buffer the caller owns. `name` NULL means the model's output at the same index as
+ * this entry. trt_seer_output_shapes and trt_seer_run set ndim, shape and dtype. */
+typedef struct {
+    const char *name;
+    void *data;                            /* ignored by trt_seer_output_shapes */
+    size_t capacity_bytes;
+    trt_seer_dtype dtype;                  /* out */
+    int32_t ndim;                          /* out */
+    int64_t shape[TRT_SEER_MAX_DIMS];      /* out */
+} trt_seer_output;
+
+/* Opens an engine or ONNX artifact with the rules of Python's trt_seer.runtime.load: `backend`
+ * is "auto" (NULL), "tensorrt" or "onnxruntime"; "auto" runs an engine's sibling .onnx on ONNX
+ * Runtime where TensorRT cannot run it (and warns on stderr). `options_json` (NULL or a JSON
+ * object) holds load()'s options, e.g. {"threads": 1} or {"contexts": 2, "device": 0}. */
+trt_seer_status trt_seer_open(const char *path, const char *backend, const char *options_json,
+                              trt_seer_model **model);
+
+/* "tensorrt" or "onnxruntime": the backend the model runs on; valid until trt_seer_close. */
+trt_seer_status trt_seer_backend(const trt_seer_model *model, const char **backend);
+
+trt_seer_status trt_seer_num_inputs(const trt_seer_model *model, int32_t *count);
+trt_seer_status trt_seer_num_outputs(const trt_seer_model *model, int32_t *count);
+trt_seer_status trt_seer_input_info(const trt_seer_model *model, int32_t index, trt_seer_tensor_info *info);
+trt_seer_status trt_seer_output_info(const trt_seer_model *model, int32_t index, trt_seer_tensor_info *info);
+
+/* Validates the inputs' names, dtypes and shapes (data may be NULL) and sets each output's shape
+ * and dtype for them, so the caller can size the buffers: trt_seer_output_nbytes(&outputs[i]). */
+trt_seer_status trt_seer_output_shapes(trt_seer_model *model, int32_t n_inputs, const trt_seer_input *inputs,
+                                       int32_t n_outputs, trt_seer_output *outputs);
+
+/* Runs one batch: every model input once; any subset of the outputs (the others are dropped).
+ * Copies each output into its buffer and sets its shape; TRT_SEER_E_BUFFER when one is too small. */
+trt_seer_status trt_seer_run(trt_seer_model *model, int32_t n_inputs, const trt_seer_input *inputs,
+                             int32_t n_outputs, trt_seer_output *outputs);
+
+/* Releases the model (NULL is fine). */
+trt_seer_status trt_seer_close(trt_seer_model *model);
+
+/* The calling thread's message of its last failed call; "" after a successful one. */
+const char *trt_seer_last_error(void);
+
+const char *trt_seer_dtype_name(trt_seer_dtype dtype); /* "float32", ...; "unknown" */
+size_t trt_seer_dtype_size(trt_seer_dtype dtype);      /* bytes per element; 0 when unknown */
+size_t trt_seer_output_nbytes(const trt_seer_output *output); /* from its dtype and shape */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TRT_SEER_H */
