@@ -134,6 +134,8 @@ def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tupl
     extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source") if k in onnx_record}
     extra["onnx_record"] = manifest.record_path(onnx_path).name
     extra["accuracy"] = onnx_record.get("accuracy", {})
+    if "quantization" in onnx_record:  # how many GEMMs are really INT8 travels with the engine
+        extra["quantization"] = onnx_record["quantization"]
     log.info("building the %s engine with %s ...", spec.precision, trt_adapter.load().name)
     built = engine_from_onnx(onnx_path, engine_path, spec, art.path("timing.cache"), extra)
     return built, True
