@@ -212,6 +212,20 @@ def with_build_gpu(targets: dict, gpu: dict | None) -> dict:
     return {**targets, "build_compute_capability": cc}
 
 
+def build_gpu_mismatch(targets: dict, device_cc: tuple[int, int], gpu: str = "this GPU") -> str | None:
+    """Why an engine tied to its build GPU ("build-gpu", "same-cc") cannot run on `device_cc`: a
+    manifest without the build GPU's compute capability, or another one; None when it can."""
+    mode, build_cc = targets.get("mode"), targets.get("build_compute_capability")
+    if mode not in NEEDS_BUILD_GPU:
+        return None
+    if build_cc is None:
+        return f"targets the build GPU ({mode}) but its manifest records no build compute capability; rebuild the engine"
+    if target_allows(targets, device_cc, build_cc):
+        return None
+    return (f"was built for the compute capability {build_cc} of its build GPU ({mode}); {gpu} is "
+            f"{device_cc[0]}.{device_cc[1]}: rebuild it on this GPU")
+
+
 def target_allows(targets: dict, device_cc: tuple[int, int], build_cc: str | None = None) -> bool:
     """Whether an engine built for `targets` may run on a GPU of compute capability `device_cc`.
     "build-gpu" and "same-cc" engines need the build GPU's `build_cc`; without it they run nowhere."""

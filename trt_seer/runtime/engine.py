@@ -87,15 +87,10 @@ def check_manifest(manifest: dict, installed: dict, device_cc: tuple[int, int], 
                                     f"(python -m trt_seer build) or install {built_as}")
     cc = f"{device_cc[0]}.{device_cc[1]}"
     targets = manifest["targets"]
-    build_cc = targets.get("build_compute_capability")
-    if targets.get("mode") in trt_adapter.NEEDS_BUILD_GPU:
-        if build_cc is None:
-            raise ManifestMismatchError(f"{name} targets the build GPU ({targets.get('mode')}) but its manifest "
-                                        "records no build compute capability; rebuild the engine")
-        if not trt_adapter.target_allows(targets, device_cc, build_cc):
-            raise ManifestMismatchError(f"{name} was built for the compute capability {build_cc} of its build GPU "
-                                        f"({targets.get('mode')}); {gpu} is {cc}: rebuild it on this GPU")
-    if not trt_adapter.target_allows(targets, device_cc, build_cc):
+    why = trt_adapter.build_gpu_mismatch(targets, device_cc, gpu)
+    if why:
+        raise ManifestMismatchError(f"{name} {why}")
+    if not trt_adapter.target_allows(targets, device_cc, targets.get("build_compute_capability")):
         want = ", ".join(targets.get("compute_capabilities") or []) or targets.get("mode", "?")
         raise ManifestMismatchError(f"{name} targets compute capability {want}; {gpu} is {cc}: "
                                     f"rebuild with --compute-capability {cc}")
