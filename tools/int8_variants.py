@@ -3,7 +3,8 @@ reports NaNs, cosine to PyTorch FP32, latency and the engine inspector's per-lay
 
     python tools/int8_variants.py --engines engines/ [--append docs/BENCHMARKS.md]
 
-Variants, all from `<name>.int8.onnx` (as `build --int8` wrote it):
+Variants, all from `<name>.int8.onnx` as `build --int8 --int8-mode w8a8` writes it (the default,
+`auto`, is weight-only, which leaves the two variants the same):
   w8a8          the graph as built: INT8 weights and activations on the GEMMs
   weight-only   activation Q/DQ removed: INT8 weights, FP16 activations
 Needs torch with CUDA and a TensorRT runtime that runs on the GPU.
