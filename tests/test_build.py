@@ -11,7 +11,9 @@ from tiny import make_tiny_checkpoint
 from trt_seer.engine import manifest
 from trt_seer.engine import trt
 from trt_seer.engine.build import BuildSpec, cache_key
+from trt_seer.errors import ManifestMismatchError, UnsupportedError
 from trt_seer.export.families import ShapeProfile
+from trt_seer.runtime.engine import check_manifest
 
 pytestmark = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
 
@@ -111,6 +113,10 @@ def test_tiny_family_fp16_engine(tmp_path, model_type, task):
     on_graph = {"artifact": "ckpt.fp16.onnx", "backend": "onnxruntime CPU"}
     assert record["accuracy"]["onnx_vs_fp32"]["measured_on"] == on_graph
     assert m["accuracy_of_source_graph"] == record["accuracy"] and "accuracy" not in m
+    gpu = trt.build_gpu()  # recorded, null when built without a GPU, and then a target needing none
+    assert "build_gpu" in m and m["build_gpu"] == gpu
+    assert m["targets"]["build_compute_capability"] == (gpu["compute_capability"] if gpu else None)
+    assert gpu is not None or m["targets"]["mode"] not in trt.NEEDS_BUILD_GPU
 
 
 @pytest.mark.skipif(not trt.available() or not trt.load().is_rtx, reason="compute-capability targets are TensorRT-RTX's")
@@ -119,5 +125,62 @@ def test_compute_capability_target(tmp_path):
     build("--model", str(ckpt), "--fp16", "--compute-capability", "7.5", "--batch", "1,1,2",
           "--seq", "8,8,16", "--out", str(tmp_path))
     m = manifest.read_engine_manifest(tmp_path / "ckpt.fp16.manifest.json")
-    assert m["targets"] == {"mode": "listed", "compute_capabilities": ["7.5"]}
+    gpu = trt.build_gpu()
+    assert m["build_gpu"] == gpu  # null on a machine without a GPU, said so in the manifest
+    assert m["targets"] == {"mode": "listed", "compute_capabilities": ["7.5"],
+                            "build_compute_capability": gpu["compute_capability"] if gpu else None}
     assert trt.target_allows(m["targets"], (7, 5)) and not trt.target_allows(m["targets"], (8, 6))
+    check_manifest(m, trt.load().describe(), (7, 5), "T4")  # the real manifest passes the load check
+    with pytest.raises(ManifestMismatchError, match="targets compute capability 7.5; A100 is 8.0"):
+        check_manifest(m, trt.load().describe(), (8, 0), "A100")
+
+
+# --- the build GPU's compute capability, recorded at build and enforced at load ----------------
+
+INSTALLED = {"flavor": "tensorrt", "version": "10.13.0.35"}
+
+
+def fabricated(mode: str, build_cc: str | None, **extra) -> dict:
+    """An engine manifest as `build` writes it, with the targets under test."""
+    return {"schema": 1, "name": "m", "precision": "fp16", "task": "feature-extraction",
+            "engine": {"file": "m.fp16.engine"}, "tensorrt": dict(INSTALLED), "profiles": [], "io": {},
+            "build": {"settings": {}}, "build_gpu": {"name": "GPU", "compute_capability": build_cc} if build_cc else None,
+            "targets": {"mode": mode, "compute_capabilities": [], "build_compute_capability": build_cc, **extra}}
+
+
+@pytest.mark.parametrize("mode", ["build-gpu", "same-cc"])
+def test_build_gpu_engine_loads_only_on_its_cc(mode):
+    m = fabricated(mode, "8.9")
+    check_manifest(m, INSTALLED, (8, 9), "RTX 4090")  # the current GPU's cc is the parameter
+    for other in ((8, 6), (9, 0), (7, 5)):
+        with pytest.raises(ManifestMismatchError, match=rf"built for the compute capability 8\.9 of its build GPU "
+                                                        rf"\({mode}\); H200 is {other[0]}\.{other[1]}: rebuild") as e:
+            check_manifest(m, INSTALLED, other, "H200")
+        assert "\n" not in str(e.value) and e.value.exit_code == 2
+
+
+@pytest.mark.parametrize("mode", ["build-gpu", "same-cc"])
+def test_build_gpu_target_without_a_recorded_cc_is_rejected(mode):
+    m = fabricated(mode, None)
+    with pytest.raises(ManifestMismatchError, match=rf"targets the build GPU \({mode}\) but its manifest records "
+                                                    "no build compute capability"):
+        check_manifest(m, INSTALLED, (8, 9))
+    del m["targets"]["build_compute_capability"]  # manifests written before the cc was recorded
+    with pytest.raises(ManifestMismatchError, match="records no build compute capability"):
+        check_manifest(m, INSTALLED, (8, 9))
+
+
+def test_portable_targets_need_no_build_gpu():
+    check_manifest(fabricated("ampere+", None), INSTALLED, (9, 0))
+    check_manifest(fabricated("listed", None, compute_capabilities=["7.5"]), INSTALLED, (7, 5))
+
+
+def test_build_gpu_recorded_in_targets():
+    h200 = {"name": "NVIDIA H200", "compute_capability": "9.0"}
+    assert trt.with_build_gpu({"mode": "build-gpu", "compute_capabilities": []}, h200) == {
+        "mode": "build-gpu", "compute_capabilities": [], "build_compute_capability": "9.0"}
+    assert trt.with_build_gpu({"mode": "ampere+", "compute_capabilities": []}, None)["build_compute_capability"] is None
+    for mode in trt.NEEDS_BUILD_GPU:  # a CPU-only build cannot make an engine tied to its GPU
+        with pytest.raises(UnsupportedError, match=f"target '{mode}' ties the engine to the build GPU"):
+            trt.with_build_gpu({"mode": mode, "compute_capabilities": []}, None)
+

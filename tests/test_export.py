@@ -13,10 +13,18 @@ from trt_seer import files
 from trt_seer.export import checkpoint as export
 from trt_seer.export import onnxio
 from trt_seer.errors import ExportMismatchError, InputError, UnsupportedError
-from trt_seer.export.families import FAMILIES, TASKS, resolve_model
+from trt_seer.export.families import TASKS, TESTED_FAMILIES, resolve_model
 
-CASES = [(model_type, task) for model_type, spec in FAMILIES.items() for task in spec.tasks]
-FAST = {("bert", "feature-extraction"), ("distilbert", "text-classification")}  # < 10 s each
+FE, TC, LM = "feature-extraction", "text-classification", "causal-lm"
+CASES = [  # one task per family, every task several times; tiny configs in tests/tiny.py
+    ("bert", FE), ("electra", TC), ("distilbert", TC), ("roberta", FE), ("xlm-roberta", TC), ("mpnet", FE),
+    ("deberta-v2", TC), ("albert", FE), ("camembert", TC), ("mobilebert", FE), ("ernie", TC),
+    ("roformer", FE), ("deberta", TC), ("modernbert", FE),
+    ("gpt2", LM), ("llama", TC), ("qwen2", FE), ("mistral", LM), ("qwen3", LM), ("gemma", LM),
+    ("phi3", TC), ("gpt_neox", LM), ("opt", LM), ("stablelm", LM),
+]
+DECODERS = {"gpt2", "llama", "qwen2", "mistral", "qwen3", "gemma", "phi3", "gpt_neox", "opt", "stablelm"}
+FAST = {("bert", FE), ("distilbert", TC), ("albert", FE), ("camembert", TC), ("gpt2", LM)}  # < 10 s each
 STATIC_DIMS = {  # (task, output) -> sizes of the axes that are not batch/seq
     ("feature-extraction", "last_hidden_state"): {2: HIDDEN},
     ("feature-extraction", "sentence_embedding"): {1: HIDDEN},
@@ -72,10 +80,26 @@ def test_export_matches_pytorch(tiny_checkpoint, tmp_path, model_type, task):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([dest.name, info.path.name])
 
 
+def test_matrix_covers_the_listed_families():
+    assert sorted({m for m, _ in CASES}) == sorted(TESTED_FAMILIES) and len(TESTED_FAMILIES) >= 16
+
+
 @pytest.mark.parametrize("model_type,task", CASES)
-def test_task_inferred_from_architectures(tiny_checkpoint, model_type, task):
+def test_family_read_from_transformers(tiny_checkpoint, model_type, task):
     info = resolve_model(tiny_checkpoint(model_type, task))
-    assert (info.model_type, info.task, info.family) == (model_type, task, FAMILIES[model_type])
+    assert (info.model_type, info.task) == (model_type, task)  # task from `architectures`
+    assert info.family.kind == ("decoder" if model_type in DECODERS else "encoder")
+    assert set(info.family.tasks) == {FE, TC, LM} if model_type in DECODERS else {FE, TC}
+    assert info.inputs[:2] == ("input_ids", "attention_mask")
+
+
+@pytest.mark.parametrize("model_type,overrides,takes_types", [
+    ("bert", {}, True), ("bert", {"type_vocab_size": 1}, False), ("roberta", {}, False),
+    ("deberta-v2", {}, False), ("distilbert", {}, False), ("albert", {}, True), ("llama", {}, False),
+])
+def test_token_type_ids_only_where_they_carry_something(tiny_checkpoint, model_type, overrides, takes_types):
+    info = resolve_model(tiny_checkpoint(model_type, FE, **overrides))
+    assert ("token_type_ids" in info.inputs) is takes_types
 
 
 def test_sample_inputs_pad_both_sides_with_pad_id(tiny_checkpoint):
@@ -130,17 +154,56 @@ def test_resolve_unreadable_config(tmp_path):
     _one_line_error(InputError, r"unreadable config\.json", tmp_path)
 
 
-def test_resolve_unsupported_model_type(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5Model"]}))
-    msg = _one_line_error(UnsupportedError, "unsupported architecture 't5'", tmp_path)
-    assert all(model_type in msg for model_type in FAMILIES)
+@pytest.mark.parametrize("config,needle", [
+    ({"model_type": "t5", "architectures": ["T5Model"]}, "'t5' .*: only text encoders and decoders"),
+    ({"model_type": "vit"}, "'vit' .*: only text encoders and decoders"),
+    ({"model_type": "no-such-model"}, r"'no-such-model' .*: transformers \S+ has no such model type"),
+])
+def test_resolve_unsupported_model_type(tmp_path, config, needle):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    _one_line_error(UnsupportedError, "unsupported architecture " + needle, tmp_path)
 
 
-@pytest.mark.parametrize("model_type,task", [("bert", "causal-lm"), ("llama", "token-classification")])
-def test_resolve_unsupported_task(tiny_checkpoint, model_type, task):
-    ckpt = tiny_checkpoint(model_type, FAMILIES[model_type].tasks[0])
+@pytest.mark.parametrize("model_type,task,tasks", [("bert", LM, (FE, TC)), ("llama", "token-classification", (LM, TC, FE))])
+def test_resolve_unsupported_task(tiny_checkpoint, model_type, task, tasks):
+    ckpt = tiny_checkpoint(model_type, FE)
     msg = _one_line_error(UnsupportedError, f"task '{task}' is not supported for {model_type}", ckpt, task)
-    assert all(t in msg for t in FAMILIES[model_type].tasks)
+    assert msg.endswith("choose one of: " + ", ".join(tasks))
+
+
+def _untranslatable(body):
+    """A module as wrap() gives the exporter (inputs positional) whose forward is `body`."""
+    import torch
+
+    class Module(torch.nn.Module):
+        def forward(self, *args):  # (input_ids, attention_mask)
+            return body(*args)
+
+    return Module()
+
+
+def test_export_failure_is_one_line_naming_the_op(tiny_checkpoint, tmp_path):
+    """An operator the ONNX translator has no function for fails with the project's one-line error
+    naming it, exit code 2, and leaves no file."""
+    import torch
+
+    info = resolve_model(tiny_checkpoint("distilbert", TC))
+    dest = tmp_path / "m.onnx"
+    with pytest.raises(UnsupportedError, match=r"^ONNX export of \S+ \(distilbert\) failed at aten\.cummax: ") as e:
+        export._export(_untranslatable(lambda ids, mask: torch.cummax(ids.float(), dim=1)[0]), info, dest)
+    assert "\n" not in str(e.value) and e.value.exit_code == 2
+    assert not dest.exists()
+
+
+def test_untraceable_export_failure_is_one_line(tiny_checkpoint, tmp_path):
+    info = resolve_model(tiny_checkpoint("distilbert", TC))
+
+    def branchy(ids, mask):  # branching on a tensor's value: torch.export cannot capture it
+        return ids.float() * 2 if int(mask.sum().item()) > 3 else ids.float()
+
+    with pytest.raises(UnsupportedError, match=r"^ONNX export of \S+ \(distilbert\) failed: \w+: .*data-dependent") as e:
+        export._export(_untranslatable(branchy), info, tmp_path / "m.onnx")
+    assert "\n" not in str(e.value)
 
 
 def _bytes_in_data_file(onnx_path) -> int:

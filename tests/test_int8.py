@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from tiny import make_tiny_checkpoint
-from trt_seer.quantize import calibrate
+from trt_seer.quantize import calibrate, int8
 from trt_seer.engine import manifest
 from trt_seer.engine import trt
+from trt_seer.errors import AccuracyGateError
 
 needs_trt = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
 
@@ -52,7 +53,9 @@ def test_fallback_keeps_sensitive_layers_in_fp16(tiny, tmp_path):
               "--calib-cache", str(tmp_path / "c.cache"))
     assert "measuring per-layer sensitivity" in r.stderr and "most sensitive" in r.stderr
     rec = json.loads((tmp_path / "out" / "ckpt.int8.onnx.json").read_text())
-    assert rec["quantization"]["mode"] == "w8a8" and rec["quantization"]["fp16_gemms"]
+    gemms = rec["quantization"]["int8_gemms"]
+    assert rec["quantization"]["mode"] == "w8a8" and gemms["fp16_fallback"]
+    assert 0 < gemms["int8"] == gemms["total"] - len(gemms["fp16_fallback"])
     assert len(rec["accuracy"]["gate"]["table"]) >= 2 and rec["accuracy"]["gate"]["table"][-1][2] is True
     assert rec["accuracy"]["onnx_vs_fp32"]["mean_cosine"] >= 0.9995
     assert rec["accuracy"]["onnx_vs_fp32"]["measured_on"] == {"artifact": "ckpt.int8.onnx",
@@ -60,9 +63,35 @@ def test_fallback_keeps_sensitive_layers_in_fp16(tiny, tmp_path):
     assert rec["accuracy"]["gate"]["table"][0][2] is False  # all-INT8 missed the gate first
     m = manifest.read_engine_manifest(tmp_path / "out" / "ckpt.int8.manifest.json")
     assert m["precision"] == "int8" and (tmp_path / "out" / m["engine"]["file"]).is_file()
+    assert m["quantization"]["int8_gemms"] == gemms  # the count travels with the engine
+    assert f"INT8 GEMMs: {gemms['int8']} of {gemms['total']}" in r.stderr
+    assert "unverified on a GPU" in r.stderr  # w8a8 asked for by name warns
     scales = calibrate.read_cache(tmp_path / "c.cache")
     assert scales and all(v > 0 for v in scales.values())
     assert (tmp_path / "c.cache").read_text().startswith("TRT-")
+
+
+@needs_trt
+def test_gate_that_only_fp16_passes_fails_unless_allowed(tiny, tmp_path):
+    """A gate so strict that the fallback puts every GEMM back in FP16: the "INT8" engine would be an
+    FP16 engine, so build exits 1 with the table; --allow-no-int8 accepts it, loudly, and says so."""
+    ckpt, calib, _ = tiny
+    args = ("--model", str(ckpt), "--int8", "--int8-mode", "w8a8", "--calib", str(calib), *TINY_PROFILE,
+            "--min-cosine", "0.99999", "--min-cosine-each", "0.9999", "--out", str(tmp_path / "out"),
+            "--calib-cache", str(tmp_path / "c.cache"))
+    r = build(*args, expect=1)
+    assert "trt-seer: error: no GEMM remains INT8 (0 of " in r.stderr and "most sensitive" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "out" / "ckpt.int8.onnx").exists() and not (tmp_path / "out" / "ckpt.int8.engine").exists()
+
+    r = build(*args, "--allow-no-int8")
+    assert "warning: no GEMM remains INT8" in r.stderr and "kept because of --allow-no-int8" in r.stderr
+    gemms = json.loads((tmp_path / "out" / "ckpt.int8.onnx.json").read_text())["quantization"]["int8_gemms"]
+    assert gemms["int8"] == 0 and gemms["total"] == len(gemms["fp16_fallback"]) > 0
+    m = manifest.read_engine_manifest(tmp_path / "out" / "ckpt.int8.manifest.json")
+    assert m["quantization"]["int8_gemms"] == gemms
+    r = build(*args, expect=1)  # the accepted artifact is up to date, but still refused without the flag
+    assert "int8 ONNX up to date" in r.stderr and "no GEMM remains INT8" in r.stderr
 
 
 @needs_trt
@@ -84,6 +113,28 @@ def test_seed_cache_for_other_tensors_is_refused(tiny, tmp_path):
     last = r.stderr.strip().splitlines()[-1]  # progress lines of the finished stages come first
     assert last.startswith("trt-seer: error:") and "is for other tensors" in last and "Traceback" not in r.stderr
     assert not (tmp_path / "out" / "ckpt.int8.onnx").exists()
+
+
+def test_auto_mode_is_weight_only_everywhere():
+    from types import SimpleNamespace
+
+    assert int8.resolve_mode(SimpleNamespace(int8_mode="auto")) == "weight-only"
+    assert int8.resolve_mode(SimpleNamespace(int8_mode="w8a8")) == "w8a8"
+
+
+def test_no_int8_gemm_left_fails_unless_allowed(caplog):
+    some = int8.gemm_counts(12, {"b", "a"})
+    assert some == {"int8": 10, "total": 12, "fp16_fallback": ["a", "b"]}
+    int8.check_int8_left(some, allow_no_int8=False)  # some INT8 left: nothing to say
+    none = int8.gemm_counts(2, {"a", "b"})
+    with pytest.raises(AccuracyGateError, match=r"no GEMM remains INT8 \(0 of 2; 2 put back in FP16.*--allow-no-int8") as e:
+        int8.check_int8_left(none, allow_no_int8=False, table="  gate table")
+    assert e.value.exit_code == 1 and str(e.value).endswith("\n  gate table")
+    with pytest.raises(AccuracyGateError, match=r"0 of 0"):  # a graph with no GEMM to quantize at all
+        int8.check_int8_left(int8.gemm_counts(0, ()), allow_no_int8=False)
+    with caplog.at_level("WARNING"):
+        int8.check_int8_left(none, allow_no_int8=True)
+    assert "no GEMM remains INT8" in caplog.text and "kept because of --allow-no-int8" in caplog.text
 
 
 def bad(tmp_path, calib_args, needle):

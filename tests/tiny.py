@@ -6,7 +6,7 @@
 
 Stable API (build, export and finetune tests rely on it):
     make_tiny_checkpoint(model_type, task, dest, *, seed=0, **overrides) -> Path
-    MODEL_TYPES   every model_type trt_seer.export.families supports
+    MODEL_TYPES   every model_type with a tiny config here
     HIDDEN, VOCAB, NUM_LABELS, ...   the sizes used, for asserting output shapes
     tiny_config_kwargs(model_type) -> dict   the config keywords used, before overrides
 
@@ -20,9 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trt_seer.export.families import FAMILIES, TASKS
-
-MODEL_TYPES = tuple(FAMILIES)
+from trt_seer.export.families import TASKS
 
 HIDDEN, LAYERS, HEADS, INTERMEDIATE, VOCAB, POSITIONS = 32, 2, 4, 37, 128, 128
 NUM_LABELS = 3  # text-classification heads, unless overridden
@@ -46,12 +44,35 @@ _FAMILY_KWARGS = {
         "position_buckets": 16, "max_relative_positions": -1, "position_biased_input": False,
         "norm_rel_ebd": "layer_norm", "share_att_key": True,
     },
+    "albert": {"type_vocab_size": 2, "embedding_size": 16},  # factorised embeddings, shared layers
+    "camembert": {"type_vocab_size": 1, "pad_token_id": 1},
+    "convbert": {"type_vocab_size": 2, "embedding_size": HIDDEN, "conv_kernel_size": 3},
+    "mobilebert": {"type_vocab_size": 2, "embedding_size": 16, "intra_bottleneck_size": 16,
+                   "num_feedforward_networks": 2},
+    "ernie": {"type_vocab_size": 2},
+    "roformer": {"type_vocab_size": 2},
+    "xlm": {"pad_token_id": 2},
+    "deberta": {"type_vocab_size": 0, "relative_attention": True, "pos_att_type": ["p2c", "c2p"],
+                "max_relative_positions": -1},
+    "modernbert": {"local_attention": 16, "global_attn_every_n_layers": 2, "cls_token_id": 1,
+                   "sep_token_id": 2, **SPECIAL_IDS},  # sliding-window and global layers
     "gpt2": {"n_inner": INTERMEDIATE, **SPECIAL_IDS},
     "llama": {"num_key_value_heads": 2, **SPECIAL_IDS},  # grouped-query attention
     "qwen2": {"num_key_value_heads": 2, **SPECIAL_IDS},
     "mistral": {"num_key_value_heads": 2, "sliding_window": 32, **SPECIAL_IDS},
+    "qwen3": {"num_key_value_heads": 2, "head_dim": 8, **SPECIAL_IDS},
+    "gemma": {"num_key_value_heads": 2, "head_dim": 8, **SPECIAL_IDS},
+    "phi": {"partial_rotary_factor": 0.5, **SPECIAL_IDS},
+    "phi3": {"num_key_value_heads": 2, **SPECIAL_IDS},
+    "gpt_neox": {"rotary_pct": 0.5, **SPECIAL_IDS},
+    "falcon": {"new_decoder_architecture": True, "num_kv_heads": 2, **SPECIAL_IDS},
+    "opt": {"ffn_dim": INTERMEDIATE, "word_embed_proj_dim": HIDDEN, **SPECIAL_IDS},
+    "bloom": SPECIAL_IDS,
+    "stablelm": {"num_key_value_heads": 2, "partial_rotary_factor": 0.25, **SPECIAL_IDS},
+    "starcoder2": {"num_key_value_heads": 2, **SPECIAL_IDS},
 }
-_UNUSED = {"distilbert": ("intermediate_size",), "gpt2": ("intermediate_size",)}
+MODEL_TYPES = tuple(_FAMILY_KWARGS)
+_UNUSED = {"distilbert": ("intermediate_size",), "gpt2": ("intermediate_size",), "opt": ("intermediate_size",)}
 
 
 def tiny_config_kwargs(model_type: str) -> dict:
@@ -66,7 +87,7 @@ def make_tiny_checkpoint(model_type: str, task: str, dest: Path, *, seed: int = 
     """Saves a random-initialised checkpoint of `model_type` for `task` into `dest`; returns `dest`.
 
     Args:
-        model_type: a key of `trt_seer.export.families.FAMILIES` ("bert", "llama", ...).
+        model_type: one of MODEL_TYPES ("bert", "llama", ...).
         task: a key of `trt_seer.export.families.TASKS`; picks the auto class (and so `architectures`).
         dest: directory to create (parents too); existing files in it are overwritten.
         seed: torch seed for the weights; different seeds give different weights, same config.

@@ -63,8 +63,8 @@ def main(argv=None) -> int:
         *stage_table(rows), "",
         f"Q/DQ INT8 vs FP32 on {acc['samples']} held-out samples (ONNX Runtime CPU): mean cosine "
         f"{acc['mean_cosine']:.4f}, min {acc['min_cosine']:.4f}, neighbour overlap@5 "
-        f"{acc['neighbour_overlap@5']:.3f}; {quant['int8_gemms']} GEMMs in INT8, "
-        f"{len(quant['fp16_gemms'])} kept in FP16 by the gate's fallback."])
+        f"{acc['neighbour_overlap@5']:.3f}; {quant['int8_gemms']['int8']} of {quant['int8_gemms']['total']} "
+        f"GEMMs in INT8, {len(quant['int8_gemms']['fp16_fallback'])} kept in FP16 by the gate's fallback."])
     emit("INT8", "bench_int8.py", argv, text, args.append)
     return 0
 

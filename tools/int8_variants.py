@@ -4,7 +4,8 @@ engine inspector's per-layer precisions.
 
     python tools/int8_variants.py --engines engines/ [--append docs/BENCHMARKS.md]
 
-Variants, all from `<name>.int8.onnx` (as `build --int8` wrote it):
+Variants, all from `<name>.int8.onnx` as `build --int8 --int8-mode w8a8` writes it (the default,
+`auto`, is weight-only, which leaves the two variants the same):
   w8a8          the graph as built: INT8 weights and activations on the GEMMs
   weight-only   activation Q/DQ removed: INT8 weights, FP16 activations
 Timing and loading are `trt-seer bench`'s own (trt_seer.bench.runners / measure). Needs torch with

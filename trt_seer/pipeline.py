@@ -136,6 +136,8 @@ def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tupl
     # Measured on the ONNX graph (each entry's measured_on says where), not on this engine: `diff`
     # writes the engine's own under "accuracy" where the engine runs.
     extra["accuracy_of_source_graph"] = onnx_record.get("accuracy", {})
+    if "quantization" in onnx_record:  # how many GEMMs are really INT8 travels with the engine
+        extra["quantization"] = onnx_record["quantization"]
     log.info("building the %s engine with %s ...", spec.precision, trt_adapter.load().name)
     built = engine_from_onnx(onnx_path, engine_path, spec, art.path("timing.cache"), extra)
     return built, True

@@ -31,8 +31,10 @@ def add_parser(subparsers, common):
                    help="min embedding cosine of the worst held-out sample (default 0.97)")
     a.add_argument("--min-top1", type=float, default=0.99, help="min top-1 agreement (default 0.99)")
     a.add_argument("--int8-mode", choices=("auto", "w8a8", "weight-only"), default="auto",
-                   help="INT8 weights and activations (w8a8) or weights only; auto: weight-only under "
-                        "TensorRT-RTX (its only INT8 GEMM), w8a8 under full TensorRT")
+                   help="INT8 weights only, or weights and activations (w8a8: unverified on a GPU); "
+                        "auto: weight-only")
+    a.add_argument("--allow-no-int8", action="store_true",
+                   help="accept an INT8 build whose gate fallback put every GEMM back in FP16 (warns)")
     a.add_argument("--int8-attention", action="store_true",
                    help="also quantize attention batched matmuls (faster, less accurate)")
     a.add_argument("--smooth-alpha", type=float, default=0.5,

@@ -49,6 +49,8 @@ class BuildSpec:
 def cache_key(onnx_sha: str, spec: BuildSpec, flavor: trt_adapter.Flavor) -> str:
     """Engine cache key: ONNX hash + build settings + TensorRT flavor and version + targets."""
     targets = trt_adapter.target_description(flavor, spec.hardware_compat, spec.compute_caps)
+    if targets["mode"] in trt_adapter.NEEDS_BUILD_GPU:  # an engine for another GPU is no cache hit
+        targets = trt_adapter.with_build_gpu(targets, trt_adapter.build_gpu())
     return sha256_json({"onnx": onnx_sha, "settings": spec.settings(), **flavor.describe(),
                         "targets": targets})
 
@@ -83,6 +85,7 @@ def _config(flavor, builder, network, spec: BuildSpec, timing_cache: Path | None
     if spec.detailed:
         config.profiling_verbosity = flavor.trt.ProfilingVerbosity.DETAILED
     targets = trt_adapter.set_targets(flavor, config, spec.hardware_compat, spec.compute_caps)
+    targets = trt_adapter.with_build_gpu(targets, trt_adapter.build_gpu())
     monitor = trt_adapter.make_progress_monitor(flavor)
     if monitor is not None:
         config.progress_monitor = monitor
@@ -125,7 +128,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
                    "size_bytes": Path(engine_path).stat().st_size,
                    "stat": [Path(engine_path).stat().st_size, Path(engine_path).stat().st_mtime_ns]},
         "onnx": {"file": Path(onnx_path).name, "sha256": onnx_sha},
-        "tensorrt": flavor.describe(), "targets": targets,
+        "tensorrt": flavor.describe(), "targets": targets, "build_gpu": trt_adapter.build_gpu(),
         "profiles": [spec.profile.to_dict()], "io": _io(flavor, network),
         "optimization_profiles": profiles.describe(network_profiles(network, spec)),
         "build": {"key": cache_key(onnx_sha, spec, flavor), "settings": spec.settings(),

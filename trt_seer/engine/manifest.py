@@ -5,7 +5,9 @@ Engine manifest (`<name>.<precision>.manifest.json`) keys:
   schema, trt_seer_version, name, precision, task, model_type,
   engine {file, sha256, size_bytes}, onnx {file, sha256, fp32_file, fp32_sha256},
   source {checkpoint, config_sha256, weights_sha256},
-  tensorrt {flavor, version}, targets {hardware_compat, compute_capabilities},
+  tensorrt {flavor, version}, targets {mode, compute_capabilities, build_compute_capability},
+  build_gpu {name, compute_capability} | null   (null: built without a GPU, e.g. TensorRT-RTX on
+      CPU; then only "ampere+" / "listed" targets, which need no build GPU, are allowed),
   profiles [{batch: [min, opt, max], seq: [min, opt, max]}],
   io {inputs: [{name, dtype, shape}], outputs: [...]}   (-1 marks a dynamic axis),
   build {key, settings, seconds, finished_at},

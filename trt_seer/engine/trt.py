@@ -161,17 +161,83 @@ def target_description(flavor: Flavor, hardware_compat: str | None, compute_caps
     return {"mode": mode, "compute_capabilities": caps}
 
 
+NEEDS_BUILD_GPU = ("build-gpu", "same-cc")  # target modes that tie an engine to the build GPU's cc
+_CUDART = ("cuda.bindings.runtime", "cuda.cudart")  # cuda-python >= 12.8, then older
+
+
+def _cudart_gpu() -> dict | None:
+    """Device 0 through cuda-python: {"name", "compute_capability"}, None without a GPU."""
+    for name in _CUDART:
+        try:
+            rt = importlib.import_module(name)
+        except ImportError:
+            continue
+        err, count = rt.cudaGetDeviceCount()
+        if int(err) != 0 or count < 1:
+            return None
+        err, prop = rt.cudaGetDeviceProperties(0)
+        if int(err) != 0:
+            return None
+        gpu = prop.name.split(b"\0", 1)[0].decode() if isinstance(prop.name, bytes) else str(prop.name)
+        return {"name": gpu, "compute_capability": f"{prop.major}.{prop.minor}"}
+    raise ImportError("cuda-python is not installed")
+
+
+@functools.lru_cache(maxsize=None)
+def build_gpu() -> dict | None:
+    """The GPU the builder runs on (CUDA device 0): {"name", "compute_capability": "8.9"}, or None
+    on a machine without one (TensorRT-RTX builds on CPU). Asks cuda-python, else torch."""
+    try:
+        return _cudart_gpu()
+    except ImportError:
+        pass  # no cuda-python: torch, which every export needs, can tell as well
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(0)
+    return {"name": torch.cuda.get_device_name(0), "compute_capability": f"{major}.{minor}"}
+
+
+def with_build_gpu(targets: dict, gpu: dict | None) -> dict:
+    """`targets` plus the build GPU's compute capability (None without a GPU). UnsupportedError for
+    a target mode that needs the build GPU when there is none."""
+    cc = gpu["compute_capability"] if gpu else None
+    if cc is None and targets.get("mode") in NEEDS_BUILD_GPU:
+        raise UnsupportedError(f"target {targets['mode']!r} ties the engine to the build GPU, but no CUDA GPU is "
+                               "visible here; build on the target GPU or pass --compute-capability / "
+                               "--hardware-compat ampere+")
+    return {**targets, "build_compute_capability": cc}
+
+
+def build_gpu_mismatch(targets: dict, device_cc: tuple[int, int], gpu: str = "this GPU") -> str | None:
+    """Why an engine tied to its build GPU ("build-gpu", "same-cc") cannot run on `device_cc`: a
+    manifest without the build GPU's compute capability, or another one; None when it can."""
+    mode, build_cc = targets.get("mode"), targets.get("build_compute_capability")
+    if mode not in NEEDS_BUILD_GPU:
+        return None
+    if build_cc is None:
+        return f"targets the build GPU ({mode}) but its manifest records no build compute capability; rebuild the engine"
+    if target_allows(targets, device_cc, build_cc):
+        return None
+    return (f"was built for the compute capability {build_cc} of its build GPU ({mode}); {gpu} is "
+            f"{device_cc[0]}.{device_cc[1]}: rebuild it on this GPU")
+
+
 def target_allows(targets: dict, device_cc: tuple[int, int], build_cc: str | None = None) -> bool:
-    """Whether an engine built for `targets` may run on a GPU of compute capability `device_cc`."""
+    """Whether an engine built for `targets` may run on a GPU of compute capability `device_cc`.
+    "build-gpu" and "same-cc" engines need the build GPU's `build_cc`; without it they run nowhere."""
     dev = Version(f"{device_cc[0]}.{device_cc[1]}")
     mode = targets.get("mode")
     if mode == "listed":
         return str(dev) in targets.get("compute_capabilities", [])
     if mode == "ampere+":
         return dev >= Version("8.0")
-    if mode == "same-cc":
-        return build_cc is None or dev.major == Version(build_cc).major and dev.minor == Version(build_cc).minor
-    return build_cc is None or str(dev) == build_cc
+    if build_cc is None:
+        return False
+    return dev.release[:2] == Version(build_cc).release[:2]
 
 
 def engine_version_compatible(flavor_name: str, built: str, installed: str | Version,

@@ -11,6 +11,7 @@ differ from the traced one, padding included.
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,26 @@ def _dynamic_shapes(info: ModelInfo):
     return (tuple({0: batch, 1: seq} for _ in info.inputs),)  # one entry: forward(*args)
 
 
+# an operator as torch.export / the ONNX translator name it (aten.cummax, aten::eigh), or an ONNX
+# node as ONNX Runtime names it (MatMul node. Name:'node_MatMul_50')
+_OP = re.compile(r"(?:aten|prims|torch\.ops\.\w+)(?:\.|::)\w+(?:\.\w+)?|\w+ node\. Name:'[^']+'")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def failure_line(info: ModelInfo, stage: str, error: BaseException) -> str:
+    """One line for a failed export stage: the innermost cause's first line, and the operator when
+    an error of the chain names one (torch.export and the ONNX translator wrap the real cause)."""
+    chain = [error]
+    while chain[-1].__cause__ is not None and len(chain) < 8:
+        chain.append(chain[-1].__cause__)
+    texts = [_ANSI.sub("", str(e)).strip() for e in chain]
+    ops = [m.group(0) for t in reversed(texts) for m in [_OP.search(t)] if m]
+    root = chain[-1]
+    first = next((ln.strip() for ln in texts[-1].splitlines() if ln.strip()), type(root).__name__)
+    where = f" at {ops[0]}" if ops else ""
+    return f"{stage} of {info.name} ({info.model_type}) failed{where}: {type(root).__name__}: {first[:300]}"
+
+
 def _export(wrapped, info: ModelInfo, dest: Path) -> None:
     import torch
 
@@ -120,10 +141,13 @@ def _export(wrapped, info: ModelInfo, dest: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-        program = torch.onnx.export(
-            wrapped, args, input_names=list(info.inputs), output_names=list(info.outputs),
-            dynamic_shapes=_dynamic_shapes(info), dynamo=True, opset_version=OPSET, verbose=False,
-        )
+        try:
+            program = torch.onnx.export(
+                wrapped, args, input_names=list(info.inputs), output_names=list(info.outputs),
+                dynamic_shapes=_dynamic_shapes(info), dynamo=True, opset_version=OPSET, verbose=False,
+            )
+        except Exception as e:  # torch.export / ONNX translation: any op it cannot handle
+            raise UnsupportedError(failure_line(info, "ONNX export", e)) from e
     large = sum(p.numel() * p.element_size() for p in wrapped.parameters()) > onnxio.EXTERNAL_DATA_THRESHOLD
     with onnxio.staged(dest) as tmp:
         program.save(str(tmp), external_data=large)
@@ -142,13 +166,14 @@ def verify(wrapped, info: ModelInfo, onnx_path: Path, tol: Tolerance = Tolerance
 
     Returns {"shapes": [[batch, seq], ...], "outputs": {name: {"max_abs_diff", "allowed"}}}, each
     output's entry taken at the shape where it came closest to its allowance."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    session = _session(info, onnx_path)
     report = {"shapes": [list(s) for s in VERIFY_SHAPES], "outputs": {}}
     for i, (batch, seq) in enumerate(VERIFY_SHAPES):
         feeds = sample_inputs(info, batch, seq, seed=10 + i)
-        got = session.run(list(info.outputs), feeds)
+        try:
+            got = session.run(list(info.outputs), feeds)
+        except Exception as e:  # onnxruntime raises its own Fail/RuntimeException types
+            raise ExportMismatchError(failure_line(info, f"ONNX Runtime at batch={batch} seq={seq}", e)) from e
         for name, g, r in zip(info.outputs, got, torch_outputs(wrapped, feeds)):
             where = f"at batch={batch} seq={seq}"
             delta, allowed = _compare(info, name, g, r, feeds["attention_mask"], tol, where)
@@ -156,6 +181,15 @@ def verify(wrapped, info: ModelInfo, onnx_path: Path, tol: Tolerance = Tolerance
             if prev is None or delta * prev["allowed"] >= prev["max_abs_diff"] * allowed:
                 report["outputs"][name] = {"max_abs_diff": delta, "allowed": allowed}
     return report
+
+
+def _session(info: ModelInfo, onnx_path: Path):
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    except Exception as e:  # an exported graph ONNX Runtime rejects (type or shape inference, kernels)
+        raise ExportMismatchError(failure_line(info, "loading the exported graph in ONNX Runtime", e)) from e
 
 
 def _compare(info: ModelInfo, name: str, got, ref, mask, tol: Tolerance, where: str) -> tuple[float, float]:

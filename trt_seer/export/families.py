@@ -1,7 +1,10 @@
 """Per model-family export specs: which inputs a family takes, which tasks it serves, and the
 dynamic axes of every input and output. Export, shape profiles and calibration all read these.
 
-Plain data only: no torch or transformers import here.
+Any text model `transformers` builds for the task is attempted: its kind (encoder or decoder), its
+inputs and its tasks are read from transformers' own config and auto-class mappings, and the
+export's numerical verification against PyTorch decides whether it works. `resolve_model` imports
+transformers (lazily); the rest of this module is plain data.
 """
 from __future__ import annotations
 
@@ -28,36 +31,29 @@ class TaskSpec:
     """One task: the HF auto class that loads it and its outputs with their dynamic axes."""
 
     auto_class: str
+    mapping: str  # transformers.models.auto.modeling_auto's model_type -> class name table
     outputs: dict  # output name -> {axis index: "batch" | "seq"}
 
 
 ENCODER_TASKS = ("feature-extraction", "text-classification")
 DECODER_TASKS = ("causal-lm", "text-classification", "feature-extraction")
-_BERT_LIKE = FamilySpec("encoder", ("input_ids", "attention_mask", "token_type_ids"), ENCODER_TASKS)
-_NO_TYPES = FamilySpec("encoder", ("input_ids", "attention_mask"), ENCODER_TASKS)
-_DECODER = FamilySpec("decoder", ("input_ids", "attention_mask"), DECODER_TASKS)
-
-FAMILIES: dict[str, FamilySpec] = {
-    "bert": _BERT_LIKE,
-    "electra": _BERT_LIKE,
-    "distilbert": _NO_TYPES,
-    "roberta": _NO_TYPES,  # type_vocab_size is 1: token_type_ids carry nothing
-    "xlm-roberta": _NO_TYPES,
-    "mpnet": _NO_TYPES,
-    "deberta-v2": _NO_TYPES,  # type_vocab_size 0 by default
-    "gpt2": _DECODER,
-    "llama": _DECODER,
-    "qwen2": _DECODER,
-    "mistral": _DECODER,
-}
+BASE_INPUTS = ("input_ids", "attention_mask")
+# Families verified by the test matrix (tests/test_export.py); any other family transformers
+# builds is attempted the same way. Listed in the README; nothing is refused for missing here.
+TESTED_FAMILIES = (
+    "bert", "electra", "distilbert", "roberta", "xlm-roberta", "mpnet", "deberta-v2", "albert",
+    "camembert", "mobilebert", "ernie", "roformer", "deberta", "modernbert",
+    "gpt2", "llama", "qwen2", "mistral", "qwen3", "gemma", "phi3", "gpt_neox", "opt", "stablelm",
+)
 
 TOKEN_AXES = {0: "batch", 1: "seq"}
 TASKS: dict[str, TaskSpec] = {
     "feature-extraction": TaskSpec(
-        "AutoModel", {"last_hidden_state": TOKEN_AXES, "sentence_embedding": {0: "batch"}}
+        "AutoModel", "MODEL_MAPPING_NAMES", {"last_hidden_state": TOKEN_AXES, "sentence_embedding": {0: "batch"}}
     ),
-    "text-classification": TaskSpec("AutoModelForSequenceClassification", {"logits": {0: "batch"}}),
-    "causal-lm": TaskSpec("AutoModelForCausalLM", {"logits": TOKEN_AXES}),
+    "text-classification": TaskSpec("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+                                    {"logits": {0: "batch"}}),
+    "causal-lm": TaskSpec("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", {"logits": TOKEN_AXES}),
 }
 
 
@@ -105,7 +101,9 @@ class ModelInfo:
         return tuple(TASKS[self.task].outputs)
 
 
-POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "mpnet": 2}  # positions start after the pad id
+# Families whose positions start after the pad id (RoBERTa's layout): fewer usable positions.
+POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "mpnet": 2, "camembert": 2, "data2vec-text": 2,
+                   "roberta-prelayernorm": 2, "xlm-roberta-xl": 2, "longformer": 2, "ibert": 2}
 
 
 def max_positions(info: ModelInfo) -> int | None:
@@ -143,6 +141,61 @@ def infer_task(config: dict, kind: str) -> str:
     return "causal-lm" if kind == "decoder" else "feature-extraction"
 
 
+def _auto_config(path: Path, model_type: str, config_path: Path):
+    """transformers' full config (defaults included); UnsupportedError for a model type it lacks."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise UnsupportedError(f"unsupported architecture {model_type!r} in {config_path}: transformers "
+                               f"{transformers.__version__} has no such model type")
+    try:
+        return transformers.AutoConfig.from_pretrained(str(path))
+    except (ValueError, TypeError, KeyError, OSError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise InputError(f"transformers cannot read {config_path}: {first}") from e
+
+
+def family_kind(model_type: str, config) -> str | None:
+    """"decoder" (causal attention), "encoder" (bidirectional), or None for neither (e.g. T5)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    if getattr(config, "is_encoder_decoder", False):
+        return None
+    archs = getattr(config, "architectures", None) or []
+    masked = model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    causal = model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if getattr(config, "is_decoder", False) or any(a.endswith("ForCausalLM") for a in archs) or causal and not masked:
+        return "decoder"
+    return "encoder" if masked else None
+
+
+def _model_class(model_type: str, task: str):
+    import transformers
+    from transformers.models.auto import modeling_auto as auto
+
+    return getattr(transformers, getattr(auto, TASKS[task].mapping)[model_type])
+
+
+def family_inputs(model_type: str, task: str, config) -> tuple[str, ...]:
+    """input_ids and attention_mask, plus token_type_ids when the model's forward takes them and
+    its config has more than one token type (RoBERTa's single type carries nothing)."""
+    import inspect
+
+    if int(getattr(config, "type_vocab_size", 0) or 0) <= 1:
+        return BASE_INPUTS
+    params = inspect.signature(_model_class(model_type, task).forward).parameters
+    return (*BASE_INPUTS, "token_type_ids") if "token_type_ids" in params else BASE_INPUTS
+
+
+def family_tasks(model_type: str, kind: str) -> tuple[str, ...]:
+    """The kind's tasks that transformers has a model class for in this family."""
+    from transformers.models.auto import modeling_auto as auto
+
+    tasks = ENCODER_TASKS if kind == "encoder" else DECODER_TASKS
+    return tuple(t for t in tasks if model_type in getattr(auto, TASKS[t].mapping))
+
+
 def resolve_model(model: str | Path | None, task: str | None = None) -> ModelInfo:
     """Checks a checkpoint directory and picks its family and task. Raises InputError."""
     path = default_checkpoint() if model is None else Path(model)
@@ -152,17 +205,20 @@ def resolve_model(model: str | Path | None, task: str | None = None) -> ModelInf
     if not config_path.is_file():
         raise InputError(f"not a Hugging Face checkpoint (no config.json): {path}")
     try:
-        config = json.loads(config_path.read_text())
+        raw = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise InputError(f"unreadable config.json in {path}: {e}") from e
-    model_type = config.get("model_type", "")
-    family = FAMILIES.get(model_type)
-    if family is None:
-        raise UnsupportedError(f"unsupported architecture {model_type!r} in {config_path}; "
-                               f"supported: {', '.join(sorted(FAMILIES))}")
-    task = task or infer_task(config, family.kind)
-    if task not in family.tasks:
+    model_type = str(raw.get("model_type", "")) if isinstance(raw, dict) else ""
+    config = _auto_config(path, model_type, config_path)
+    kind = family_kind(model_type, config)
+    if kind is None:
+        raise UnsupportedError(f"unsupported architecture {model_type!r} in {config_path}: only text "
+                               "encoders and decoders are exported, not encoder-decoder or other models")
+    tasks = family_tasks(model_type, kind)
+    task = task or infer_task(raw, kind)
+    if task not in tasks:
         raise UnsupportedError(f"task {task!r} is not supported for {model_type}; "
-                               f"choose one of: {', '.join(family.tasks)}")
+                               f"choose one of: {', '.join(tasks) or '(none)'}")
+    family = FamilySpec(kind, family_inputs(model_type, task, config), tasks)
     name = DEFAULT_MODEL_NAME if model is None else path.resolve().name
-    return ModelInfo(path, name, model_type, family, task, config)
+    return ModelInfo(path, name, model_type, family, task, {**config.to_dict(), **raw})

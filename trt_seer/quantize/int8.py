@@ -137,14 +137,29 @@ def _write_cache(path: Path, amax: dict[str, float]) -> None:
 
 
 def resolve_mode(args) -> str:
-    """`--int8-mode auto`: weight-only under TensorRT-RTX (the only INT8 GEMM it runs; W8A8 engines
-    gave NaN there, docs/BENCHMARKS.md), W8A8 under full TensorRT."""
-    from trt_seer.engine import trt
-
+    """`--int8-mode auto` is weight-only everywhere: TensorRT-RTX runs INT8 only as weight-only
+    GEMMs, and no W8A8 engine has yet given a correct output on a GPU (NaN under TensorRT-RTX,
+    docs/BENCHMARKS.md), so W8A8 is only built when asked for by name."""
     mode = getattr(args, "int8_mode", "auto")
-    if mode != "auto":
-        return mode
-    return "weight-only" if trt.available() and trt.load().is_rtx else "w8a8"
+    return "weight-only" if mode == "auto" else mode
+
+
+def gemm_counts(total: int, excluded) -> dict:
+    """How many GEMMs stay INT8 out of `total`, and the names the gate's fallback put back in FP16."""
+    return {"int8": total - len(excluded), "total": total, "fp16_fallback": sorted(excluded)}
+
+
+def check_int8_left(counts: dict, allow_no_int8: bool, table: str = "") -> None:
+    """AccuracyGateError when no GEMM is INT8 (the "INT8" engine would be an FP16 engine), unless
+    `allow_no_int8`, which only warns."""
+    if counts["int8"] > 0:
+        return
+    why = (f"no GEMM remains INT8 (0 of {counts['total']}; {len(counts['fp16_fallback'])} put back in FP16 "
+           "by the accuracy gate's fallback): the INT8 engine would be an FP16 engine")
+    if not allow_no_int8:
+        raise AccuracyGateError(why + "; loosen the gate, or pass --allow-no-int8 to accept it"
+                                + (f"\n{table}" if table else ""))
+    log.warning("warning: %s; kept because of --allow-no-int8", why)
 
 
 def _quantized(fp16_path: Path, dest: Path, amax_by_input: dict, exclude: frozenset, task: str, attention: bool,
@@ -182,6 +197,9 @@ def check_args(args) -> None:
                              f"one batch ({args.calib_batch}); pass more data or a smaller --calib-batch")
     if getattr(args, "from_cache", None):
         calibrate.read_cache(Path(args.from_cache))
+    if resolve_mode(args) == "w8a8":
+        log.warning("warning: --int8-mode w8a8 is unverified on a GPU: no W8A8 engine has yet given a correct "
+                    "output (TensorRT-RTX returned NaN); the default (auto) is weight-only")
 
 
 def data_fingerprint(args) -> str:
@@ -257,12 +275,22 @@ def int8_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, args) -> dic
     gate = Gate(args.min_cosine, args.min_cosine_each, args.min_top1)
     dest, key = art.path("int8.onnx"), _key(fp32, fp16, args, gate)
     record = None if args.force else pipeline.up_to_date(dest, manifest.record_path(dest), key)
+    if record and not isinstance(record.get("quantization", {}).get("int8_gemms"), dict):
+        record = None  # written before GEMM counts were recorded: redo it
     if record:
         log.info("int8 ONNX up to date: %s", dest)
+        _log_counts(record["quantization"]["int8_gemms"])
+        check_int8_left(record["quantization"]["int8_gemms"], getattr(args, "allow_no_int8", False))
         return record
     with tempfile.TemporaryDirectory(prefix=".int8-", dir=art.out) as work:
         extra = _calibrate_and_gate(info, art, args, gate, Path(work))
     return write_int8_record(dest, fp32, fp16, key, extra)
+
+
+def _log_counts(counts: dict) -> None:
+    log.info("INT8 GEMMs: %d of %d%s", counts["int8"], counts["total"],
+             f" ({len(counts['fp16_fallback'])} kept in FP16: {', '.join(counts['fp16_fallback'])})"
+             if counts["fp16_fallback"] else "")
 
 
 def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Gate, work: Path) -> dict:
@@ -294,12 +322,18 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
         dest.unlink(missing_ok=True)
         raise AccuracyGateError("INT8 cannot pass the accuracy gate even with every layer in FP16 ("
                                 + "; ".join(fails) + ")\n" + table)
+    counts = gemm_counts(len(targets), excluded)
+    _log_counts(counts)
+    try:
+        check_int8_left(counts, getattr(args, "allow_no_int8", False), table)
+    except AccuracyGateError:
+        dest.unlink(missing_ok=True)
+        raise
     return {
         "calibration": {"method": args.calib_method, "batches": len(cd.calib), "data": args.calib or "calib/default.txt",
                         "cache": str(cache_path(info, args)), "seeded_from": getattr(args, "from_cache", None),
                         "smooth_alpha": args.smooth_alpha},
-        "quantization": {"mode": mode, "int8_gemms": len(targets) - len(excluded), "fp16_gemms": sorted(excluded),
-                         "attention": args.int8_attention and mode == "w8a8"},
+        "quantization": {"mode": mode, "int8_gemms": counts, "attention": args.int8_attention and mode == "w8a8"},
         "accuracy": {"onnx_vs_fp32": evaluate.accuracy_entry(metrics, dest, fp32_path),
                      "gate": {"passed": True, "thresholds": gate.__dict__, "measured_on": evaluate.measured_on(dest),
                               "table": [[r[0], r[1], not r[2]] for r in rows]}},

@@ -88,6 +88,9 @@ def check_manifest(manifest: dict, installed: dict, device_cc: tuple[int, int], 
                                     f"(python -m trt_seer build) or install {built_as}")
     cc = f"{device_cc[0]}.{device_cc[1]}"
     targets = manifest["targets"]
+    why = trt_adapter.build_gpu_mismatch(targets, device_cc, gpu)
+    if why:
+        raise ManifestMismatchError(f"{name} {why}")
     if not trt_adapter.target_allows(targets, device_cc, targets.get("build_compute_capability")):
         want = ", ".join(targets.get("compute_capabilities") or []) or targets.get("mode", "?")
         raise ManifestMismatchError(f"{name} targets compute capability {want}; {gpu} is {cc}: "
