@@ -293,7 +293,7 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
     if fails:
         dest.unlink(missing_ok=True)
         raise AccuracyGateError("INT8 cannot pass the accuracy gate even with every layer in FP16 ("
-                                + "; ".join(fails) + ")\n" + table)
+                                + "; ".join(fails) + "); the table above has every attempt")
     return {
         "calibration": {"method": args.calib_method, "batches": len(cd.calib), "data": args.calib or "calib/default.txt",
                         "cache": str(cache_path(info, args)), "seeded_from": getattr(args, "from_cache", None),
