@@ -129,7 +129,8 @@ def test_default_model_int8_passes_the_gate(tmp_path):
     acc = rec["accuracy"]["onnx_vs_fp32"]
     assert rec["accuracy"]["gate"]["passed"] and acc["mean_cosine"] >= 0.99 and acc["min_cosine"] >= 0.97
     assert acc["samples"] >= 100
-    assert (tmp_path / "calib" / name / "calibration.cache").is_file()  # TensorRT's format, default place
+    assert (tmp_path / "engines" / "calib" / name / "calibration.cache").is_file()  # default: under --out
+    assert not (tmp_path / "calib").exists()
     m = manifest.read_engine_manifest(tmp_path / "engines" / f"{name}.int8.manifest.json")
     assert m["accuracy"]["onnx_vs_fp32"] == acc and m["precision"] == "int8"
     assert (tmp_path / "engines" / f"{name}.fp16.engine").exists()  # the baseline INT8 is judged by

@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     common.configure_logging(getattr(args, "verbose", False))
     try:
+        common.check_config(getattr(args, "model", None))  # every command's --model, before slow work
         return int(args.handler(args) or 0)
     except TrtSeerError as e:
         _traceback_if(args)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import hashlib
 
+from trt_seer.errors import InputError
+
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes; protobuf's hard limit is 2 GiB
 
 
@@ -53,6 +55,19 @@ def load(path: Path, load_external_data: bool = True):
     import onnx
 
     return onnx.load(str(path), load_external_data=load_external_data)
+
+
+def check_readable(path: Path) -> None:
+    """InputError naming `path` when it is not a well-formed ONNX graph (truncated, corrupt, not
+    ONNX at all); reads the graph only, not its external data."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        onnx.checker.check_model(load(path, load_external_data=False))
+    except (OSError, DecodeError, RuntimeError, onnx.checker.ValidationError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"{path} is not a readable ONNX graph (truncated or corrupt?): {first}") from e
 
 
 def sha256(path: Path) -> str:

@@ -84,12 +84,14 @@ def load_model(info: ModelInfo, labels: tuple[str, ...], pad_id: int, seed: int)
     import torch
     import transformers
 
+    from trt_seer.export.checkpoint import from_pretrained
+
     torch.manual_seed(seed)  # the new head's initial weights
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # "newly initialized weights": expected, we train them
     try:
-        model = transformers.AutoModelForSequenceClassification.from_pretrained(
-            str(info.path), dtype=torch.float32, num_labels=len(labels), ignore_mismatched_sizes=True,
+        model = from_pretrained(
+            transformers.AutoModelForSequenceClassification, info.path, dtype=torch.float32, num_labels=len(labels), ignore_mismatched_sizes=True,
             id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)})
     finally:
         transformers.logging.set_verbosity(verbosity)

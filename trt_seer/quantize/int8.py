@@ -18,7 +18,7 @@ from trt_seer.engine import manifest
 from trt_seer.export import onnxio
 from trt_seer.errors import AccuracyGateError, InputError
 from trt_seer.export.families import ModelInfo, ShapeProfile
-from trt_seer.files import sha256_file, sha256_json
+from trt_seer.files import ensure_out_dir, sha256_file, sha256_json
 
 log = logging.getLogger(__name__)
 HELDOUT_EVERY = 5  # user data: every 5th sample is held out for the gate
@@ -104,8 +104,10 @@ def load_calib_data(info: ModelInfo, args, profile: ShapeProfile) -> CalibData:
 
 
 def cache_path(info: ModelInfo, args) -> Path:
-    """Where calibration.cache goes: --calib-cache, else calib/<name>/ under the current directory."""
-    return Path(args.calib_cache) if getattr(args, "calib_cache", None) else Path("calib") / info.name / "calibration.cache"
+    """Where calibration.cache goes: --calib-cache, else `<out>/calib/<name>/calibration.cache`."""
+    if getattr(args, "calib_cache", None):
+        return Path(args.calib_cache)
+    return Path(args.out) / "calib" / info.name / "calibration.cache"
 
 
 def _ranges(fp32_path: Path, tensors: dict, cd: CalibData, args) -> dict[str, float]:
@@ -132,7 +134,7 @@ def _write_cache(path: Path, amax: dict[str, float]) -> None:
 
     v = trt.load().version if trt.available() else None
     tag = calibrate.cache_version_tag(v.major, v.minor, v.micro) if v else "0"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_out_dir(path.parent)
     calibrate.write_cache(path, calibrate.scales_from_ranges(amax), tag)
 
 
@@ -182,6 +184,8 @@ def check_args(args) -> None:
                              f"one batch ({args.calib_batch}); pass more data or a smaller --calib-batch")
     if getattr(args, "from_cache", None):
         calibrate.read_cache(Path(args.from_cache))
+    if getattr(args, "calib_cache", None):  # the default place, under --out, is checked with --out
+        ensure_out_dir(Path(args.calib_cache).parent)
 
 
 def data_fingerprint(args) -> str:
