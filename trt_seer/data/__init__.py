@@ -105,12 +105,21 @@ class Tokenizer:
 
 
 def _load_tokenizer(ckpt: Path):
-    from tokenizers import Tokenizer as HFTokenizer
-
     path = Path(ckpt) / "tokenizer.json"
     if not path.is_file():
         raise InputError(f"no tokenizer.json in {ckpt}; text data needs the model's fast tokenizer")
-    return HFTokenizer.from_file(str(path))
+    return tokenizer_from_file(path)
+
+
+def tokenizer_from_file(path: Path):
+    """A `tokenizers.Tokenizer` from `path`; InputError when the file is not one (the tokenizers
+    package raises a bare Exception for every parse error, so nothing narrower can be caught)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        return HFTokenizer.from_file(str(path))
+    except Exception as e:
+        raise InputError(f"{path} is not a usable tokenizer.json: {str(e).strip() or type(e).__name__}") from e
 
 
 def pad_batch(ids: list[list[int]], inputs: tuple[str, ...], seq: int, pad_id: int = 0) -> dict[str, np.ndarray]:

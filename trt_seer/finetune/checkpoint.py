@@ -25,8 +25,13 @@ def default_out(info: ModelInfo) -> Path:
 
 
 def check_out(out: Path) -> None:
-    """An existing --out is only replaced when it is empty or an earlier finetune output."""
+    """An existing --out is only replaced when it is empty or an earlier finetune output; a new one
+    needs a directory it can be created in."""
     if not out.exists():
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"cannot create --out {out}: {e.strerror}") from e
         return
     if not out.is_dir() or (any(out.iterdir()) and not (out / TRAINING_FILE).is_file()):
         raise InputError(f"--out {out} exists and is not a finetune output; choose a new directory")

@@ -8,6 +8,7 @@ on held-out data, with automatic per-layer precision fallback.
 from __future__ import annotations
 
 import logging
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def _npz_batches(folder: Path) -> list[dict]:
         try:
             with np.load(f) as z:
                 out.append({k: z[k].astype(np.int64) for k in z.files})
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # torn, empty, not an .npz
             raise InputError(f"unreadable calibration batch {f}: {e}") from e
     return out
 
