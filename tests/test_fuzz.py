@@ -269,6 +269,9 @@ BENCH = [
                                                     "--report", e.tmp / "out"], "not both"),
     Case("bench-config-not-utf8", lambda e: ["bench", "--model", e.model(NOT_UTF8), "--quick",
                                              "--report", e.tmp / "out"], "unreadable config.json"),
+    Case("bench-seq-beyond-positions", lambda e: ["bench", "--model", e.ckpt, "--engines", e.art, "--quick",
+                                                  "--seq", "4096", "--report", e.tmp / "out"],
+         "--seq 4096 exceeds the 128 positions"),
     Case("bench-batch-zero", lambda e: ["bench", "--batch", "0", "--report", e.tmp / "out"], "--batch"),
 ]
 
