@@ -24,6 +24,7 @@ EPILOG = """exit codes:
   4    internal error (a bug; rerun with --debug for the traceback)
   130  interrupted (Ctrl-C); nothing half-written is left behind
 every failure is one line on stderr: trt-seer: error: ..."""
+DEBUG_HELP = "on failure, print the Python traceback as well"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -54,16 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-DEBUG_HELP = "on failure, print the Python traceback as well"
-
-
 def one_line(text: str) -> str:
     """Collapses a multi-line message (ONNX, TensorRT and protobuf errors often are) to one line."""
     return "; ".join(line.strip() for line in str(text).splitlines() if line.strip()) or "(no message)"
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        print("trt-seer: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     common.configure_logging(getattr(args, "verbose", False))
     try:
         common.check_config(getattr(args, "model", None))  # every command's --model, before slow work
