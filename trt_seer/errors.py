@@ -1,16 +1,27 @@
-"""The project's exceptions. The CLI turns each into one line on stderr and its exit code."""
+"""The project's exceptions. The CLI turns each into one line on stderr and its exit code.
+
+Exit codes of every command: 0 success, 1 a check failed, 2 bad input, 3 not verified (a check
+that could not run here), 4 internal error (a bug: any exception that is not one of these), 130
+interrupted.
+"""
+
+EXIT_CHECK_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_NOT_VERIFIED = 3
+EXIT_INTERNAL = 4
+EXIT_INTERRUPTED = 130
 
 
 class TrtSeerError(Exception):
     """Base class. `exit_code` is what the CLI returns."""
 
-    exit_code = 1
+    exit_code = EXIT_CHECK_FAILED
 
 
 class InputError(TrtSeerError):
     """Bad user input: a missing model, a malformed option, unreadable data. Exit code 2."""
 
-    exit_code = 2
+    exit_code = EXIT_BAD_INPUT
 
 
 class UnsupportedError(InputError):
@@ -20,7 +31,7 @@ class UnsupportedError(InputError):
 class DependencyError(TrtSeerError):
     """An optional dependency (TensorRT, cuda-python, ...) is missing. Exit code 2."""
 
-    exit_code = 2
+    exit_code = EXIT_BAD_INPUT
 
 
 class ExportMismatchError(TrtSeerError):

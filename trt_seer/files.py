@@ -1,4 +1,5 @@
-"""Small file helpers: atomic writes (temp file + rename) and content hashes."""
+"""Small file helpers: atomic writes (temp file + fsync + rename + directory fsync) and content
+hashes."""
 from __future__ import annotations
 
 import hashlib
@@ -37,17 +38,42 @@ def ensure_out_dir(path: Path) -> Path:
 
 @contextmanager
 def atomic_path(dest: Path):
-    """Yields a temp path beside `dest`; renames it over `dest` only if the block succeeds."""
+    """Yields a temp path beside `dest`; if the block succeeds, flushes it to disk and renames it
+    over `dest`, then flushes the directory, so after a crash `dest` is the old file or the whole
+    new one, never a torn one. The temp file is removed on any failure (Ctrl-C included)."""
     dest = Path(dest)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the result should read like any file
     try:
         yield Path(tmp)
+        fsync_file(Path(tmp))
         os.replace(tmp, dest)
+        fsync_dir(dest.parent)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def fsync_file(path: Path) -> None:
+    """Flushes a file written by path (e.g. by a library) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Flushes a directory's entries (a rename into it) to disk; a no-op where directories cannot be
+    opened (Windows)."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:

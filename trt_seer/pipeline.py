@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trt_seer import __version__
 from trt_seer.engine import manifest
+from trt_seer.errors import InputError
 from trt_seer.export import onnxio
 from trt_seer.export.families import ModelInfo
 from trt_seer.files import sha256_file, sha256_json
@@ -29,9 +30,25 @@ class Artifacts:
 
 def checkpoint_fingerprint(info: ModelInfo) -> dict:
     weights = sorted(p for p in Path(info.path).iterdir() if p.suffix in WEIGHT_SUFFIXES)
+    check_weights(Path(info.path), weights)
     return {"checkpoint": str(Path(info.path).resolve()),
             "config_sha256": sha256_file(Path(info.path) / "config.json"),
             "weights_sha256": sha256_json([sha256_file(p) for p in weights])}
+
+
+def check_weights(ckpt: Path, weights: list[Path]) -> None:
+    """InputError before any slow import when the checkpoint has no weights or a safetensors file
+    whose header is torn (loading would fail minutes later, deep inside transformers)."""
+    from safetensors import SafetensorError, safe_open
+
+    if not weights:
+        raise InputError(f"no model weights in {ckpt} (expected {', '.join('*' + s for s in WEIGHT_SUFFIXES)})")
+    for path in (p for p in weights if p.suffix == ".safetensors"):
+        try:
+            with safe_open(str(path), framework="numpy"):
+                pass
+        except (OSError, SafetensorError) as e:
+            raise InputError(f"{path} is not a readable safetensors file (truncated or corrupt?): {e}") from e
 
 
 def file_sha(path: Path, known: dict) -> str:

@@ -8,12 +8,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 
 from trt_seer import __version__
 from trt_seer.cli import common
-from trt_seer.errors import TrtSeerError
+from trt_seer.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, TrtSeerError
 
 SUBCOMMANDS = ("export", "build", "run", "diff", "bench", "finetune", "triton")
+
+EPILOG = """exit codes:
+  0    success
+  1    a check failed (export mismatch, INT8 accuracy gate, diff out of tolerance, TensorRT build)
+  2    bad input (options, files, data, an engine for another TensorRT or GPU, missing dependency)
+  3    not verified: a requested check could not run on this machine (diff)
+  4    internal error (a bug; rerun with --debug for the traceback)
+  130  interrupted (Ctrl-C); nothing half-written is left behind
+every failure is one line on stderr: trt-seer: error: ..."""
+DEBUG_HELP = "on failure, print the Python traceback as well"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -31,24 +42,49 @@ def _subcommand_modules():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="trt-seer", description=__doc__.splitlines()[0],
+    parser = OneLineParser(prog="trt-seer", description=__doc__.splitlines()[0], epilog=EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"trt-seer {__version__}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
     for module in _subcommand_modules():
         module.add_parser(sub, common)
+    for p in sub.choices.values():  # `trt-seer build --debug` too; SUPPRESS keeps the global value
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
+def one_line(text: str) -> str:
+    """Collapses a multi-line message (ONNX, TensorRT and protobuf errors often are) to one line."""
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip()) or "(no message)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    common.configure_logging(getattr(args, "verbose", False))
     try:
-        return int(args.handler(args) or 0)
-    except TrtSeerError as e:
-        print(f"trt-seer: error: {e}", file=sys.stderr)
-        return e.exit_code
+        args = build_parser().parse_args(argv)
     except KeyboardInterrupt:
         print("trt-seer: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    common.configure_logging(getattr(args, "verbose", False))
+    try:
+        common.check_config(getattr(args, "model", None))  # every command's --model, before slow work
+        return int(args.handler(args) or 0)
+    except TrtSeerError as e:
+        _traceback_if(args)
+        print(f"trt-seer: error: {one_line(e)}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        _traceback_if(args)
+        print("trt-seer: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:  # a bug: say so in one line instead of a traceback
+        _traceback_if(args)
+        print(f"trt-seer: internal error: {type(e).__name__}: {one_line(e)} "
+              "(rerun with --debug for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _traceback_if(args) -> None:
+    if getattr(args, "debug", False):
+        traceback.print_exc()

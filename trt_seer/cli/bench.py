@@ -100,12 +100,26 @@ def spec_from_args(args):
     return replace(spec, batches=args.batch or spec.batches, seq=args.seq or spec.seq)
 
 
+def check_seq(args, seq: int) -> None:
+    """--seq longer than the checkpoint's position embeddings is bad input, not a grid of failed paths."""
+    from trt_seer.errors import InputError
+    from trt_seer.export.families import max_positions, resolve_model
+
+    if args.model_config:
+        return
+    info = resolve_model(args.model, args.task)
+    limit = max_positions(info)
+    if limit is not None and seq > limit:
+        raise InputError(f"--seq {seq} exceeds the {limit} positions of {info.name}; pass --seq {limit} or less")
+
+
 def run(args) -> int:
     from trt_seer.bench import report as benchreport
     from trt_seer.bench.run import bench
     from trt_seer.files import ensure_out_dir
 
     spec = spec_from_args(args)
+    check_seq(args, spec.seq)
     out = ensure_out_dir(args.report)
     report = bench(spec)
     print(benchreport.table(report))

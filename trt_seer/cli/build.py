@@ -40,7 +40,7 @@ def add_parser(subparsers, common):
     a.add_argument("--smooth-alpha", type=float, default=0.5,
                    help="SmoothQuant migration strength before INT8, 0 disables (default 0.5)")
     a.add_argument("--calib-cache", metavar="PATH", default=None,
-                   help="where to write TensorRT's calibration.cache (default calib/<name>/calibration.cache)")
+                   help="where to write TensorRT's calibration.cache (default <out>/calib/<name>/calibration.cache)")
     a.add_argument("--from-cache", metavar="PATH", default=None,
                    help="take activation ranges from an existing TensorRT calibration cache")
     common.add_output_args(p)

@@ -3,8 +3,11 @@ output. Defined once here; each subcommand picks the groups it needs."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+from pathlib import Path
 
+from trt_seer.errors import InputError
 from trt_seer.export.families import TASKS
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -96,3 +99,25 @@ def configure_logging(verbose: bool) -> None:
         log.addHandler(handler)
     log.setLevel(logging.DEBUG if verbose else logging.INFO)
     log.propagate = False
+
+
+CONFIG_TYPES = {"model_type": str, "architectures": list, "max_position_embeddings": int, "n_positions": int,
+                "id2label": dict}
+
+
+def check_config(model: str | None) -> None:
+    """InputError when `--model DIR`'s config.json is not UTF-8 JSON or has fields of the wrong type
+    (the fields trt_seer reads before loading the model); a missing file is resolve_model's to report."""
+    path = Path(model) / "config.json" if model else None
+    if path is None or not path.is_file():
+        return
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError too
+        raise InputError(f"unreadable config.json in {model}: {str(e) or type(e).__name__}") from e
+    if not isinstance(config, dict):
+        raise InputError(f"{path} is not a JSON object")
+    for key, kind in CONFIG_TYPES.items():
+        value = config.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise InputError(f"{path}: {key} should be a JSON {kind.__name__}, got {json.dumps(value)[:40]}")

@@ -64,11 +64,27 @@ def spec_from_args(args):
         model=Path(args.model) if args.model else None, task=args.task, layers=args.layers, verbose=args.verbose)
 
 
+def check_inputs(target, spec, report: str | None) -> None:
+    """Bad input fails here, before the slow comparison: a truncated or corrupt ONNX graph among the
+    ones compared, an unwritable --report directory."""
+    from trt_seer.export import onnxio
+    from trt_seer.files import ensure_out_dir
+
+    for precision in {target.precision, spec.against or "fp32"} & {"fp32", "fp16", "int8"}:
+        path = target.artifact(f"{precision}.onnx")
+        if path.is_file():
+            onnxio.check_readable(path)
+    if report:
+        ensure_out_dir(Path(report))
+
+
 def run(args) -> int:
     from trt_seer.eval import diff
 
     spec = spec_from_args(args)  # malformed options fail before any slow work
-    result = diff.diff(diff.resolve_target(Path(args.artifact)), spec)
+    target = diff.resolve_target(Path(args.artifact))
+    check_inputs(target, spec, args.report)
+    result = diff.diff(target, spec)
     print(diff.format_table(result))
     if args.report:
         log.info("report: %s", diff.write_report(result, Path(args.report)))

@@ -64,12 +64,13 @@ def tokenizer_dir(args, record: dict | None) -> Path:
 
 
 def load_tokenizer(directory: Path):
-    from tokenizers import Tokenizer
+    from trt_seer.data import tokenizer_from_file
 
     path = Path(directory) / "tokenizer.json"
     if not path.is_file():
         raise InputError(f"no tokenizer.json in {directory}; pass --tokenizer DIR")
-    return Tokenizer.from_file(str(path))
+    return tokenizer_from_file(path)
+
 
 
 def seq_limits(model) -> tuple[int, int]:
@@ -142,7 +143,7 @@ def run(args) -> int:
         warnings.simplefilter("always", RuntimeWarning)
         model = load(args.artifact, backend=args.backend, **opts)
     for w in caught:  # the fallback to ONNX Runtime, as one log line
-        log.warning("%s", w.message)
+        log.warning("warning: %s", w.message)
     with model:
         record = model.manifest or {}
         tok_dir = tokenizer_dir(args, record)

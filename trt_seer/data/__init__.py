@@ -15,16 +15,24 @@ import numpy as np
 from trt_seer.errors import InputError
 from trt_seer.export.families import ModelInfo, ShapeProfile
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when running from one
 
 
 def default_corpus(split: str = "default") -> Path:
-    """The shipped corpus: calib/default.txt (calibration) or calib/heldout.txt (accuracy gates)."""
-    for root in (REPO_ROOT, Path.cwd()):
-        path = root / "calib" / f"{split}.txt"
+    """The shipped corpus: calib/default.txt (calibration) or calib/heldout.txt (accuracy gates).
+
+    The top-level calib/ folder of a checkout (editable installs, PYTHONPATH) is the source of
+    truth; an installed wheel carries the same files as package data in trt_seer/calib/.
+    Never looked up relative to the current directory."""
+    import importlib.resources
+
+    candidates = [importlib.resources.files("trt_seer") / "calib" / f"{split}.txt"]
+    if (SOURCE_ROOT / "pyproject.toml").is_file():
+        candidates.insert(0, SOURCE_ROOT / "calib" / f"{split}.txt")
+    for path in candidates:
         if path.is_file():
-            return path
-    raise InputError(f"default corpus calib/{split}.txt not found; pass --calib PATH")
+            return Path(str(path))
+    raise InputError(f"default corpus calib/{split}.txt is not installed with trt_seer; pass --calib PATH")
 
 
 def _read_text(path: Path) -> str:
@@ -97,12 +105,21 @@ class Tokenizer:
 
 
 def _load_tokenizer(ckpt: Path):
-    from tokenizers import Tokenizer as HFTokenizer
-
     path = Path(ckpt) / "tokenizer.json"
     if not path.is_file():
         raise InputError(f"no tokenizer.json in {ckpt}; text data needs the model's fast tokenizer")
-    return HFTokenizer.from_file(str(path))
+    return tokenizer_from_file(path)
+
+
+def tokenizer_from_file(path: Path):
+    """A `tokenizers.Tokenizer` from `path`; InputError when the file is not one (the tokenizers
+    package raises a bare Exception for every parse error, so nothing narrower can be caught)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        return HFTokenizer.from_file(str(path))
+    except Exception as e:
+        raise InputError(f"{path} is not a usable tokenizer.json: {str(e).strip() or type(e).__name__}") from e
 
 
 def pad_batch(ids: list[list[int]], inputs: tuple[str, ...], seq: int, pad_id: int = 0) -> dict[str, np.ndarray]:

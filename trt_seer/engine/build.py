@@ -6,7 +6,10 @@ precision (FP16-typed tensors, Q/DQ nodes), the builder only gets profiles, memo
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -77,7 +80,7 @@ def _add_profiles(builder, config, chosen: list[tuple[str, dict]]) -> None:
         config.add_optimization_profile(p)
 
 
-def _config(flavor, builder, network, spec: BuildSpec, timing_cache: Path | None):
+def _config(flavor, builder, network, spec: BuildSpec, timing_cache: Path | None, cancelled):
     config = builder.create_builder_config()
     _add_profiles(builder, config, network_profiles(network, spec))
     config.set_memory_pool_limit(flavor.trt.MemoryPoolType.WORKSPACE, spec.workspace_mb << 20)
@@ -86,13 +89,30 @@ def _config(flavor, builder, network, spec: BuildSpec, timing_cache: Path | None
         config.profiling_verbosity = flavor.trt.ProfilingVerbosity.DETAILED
     targets = trt_adapter.set_targets(flavor, config, spec.hardware_compat, spec.compute_caps)
     targets = trt_adapter.with_build_gpu(targets, trt_adapter.build_gpu())
-    monitor = trt_adapter.make_progress_monitor(flavor)
+    monitor = trt_adapter.make_progress_monitor(flavor, cancelled)
     if monitor is not None:
         config.progress_monitor = monitor
     if timing_cache is not None and flavor.has_timing_cache:
         blob = timing_cache.read_bytes() if timing_cache.is_file() else b""
         config.set_timing_cache(config.create_timing_cache(blob), ignore_mismatch=False)
     return config, targets, monitor
+
+
+@contextmanager
+def sigint_flag():
+    """Yields an Event that Ctrl-C sets while TensorRT builds. Python would raise KeyboardInterrupt
+    inside a TensorRT callback (logger, progress monitor), where TensorRT swallows it and the build
+    goes on; instead the progress monitor sees the flag and cancels the build, and the caller
+    raises KeyboardInterrupt once TensorRT returns."""
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():  # only it can take signals
+        yield flag
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: flag.set())
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _io(flavor, network) -> dict:
@@ -112,10 +132,13 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
     trt_logger = trt_adapter.logger(flavor, spec.verbose)
     builder = flavor.trt.Builder(trt_logger)
     network, _parser = _parse(flavor, builder, Path(onnx_path))
-    config, targets, _monitor = _config(flavor, builder, network, spec, timing_cache)
-    start = time.perf_counter()
-    blob = builder.build_serialized_network(network, config)
-    seconds = time.perf_counter() - start
+    with sigint_flag() as interrupted:
+        config, targets, _monitor = _config(flavor, builder, network, spec, timing_cache, interrupted.is_set)
+        start = time.perf_counter()
+        blob = builder.build_serialized_network(network, config)
+        seconds = time.perf_counter() - start
+    if interrupted.is_set():
+        raise KeyboardInterrupt
     if blob is None:
         why = trt_logger.errors[-1].splitlines()[0] if trt_logger.errors else "run with -v for the builder log"
         raise BuildError(f"TensorRT failed to build {Path(onnx_path).name}: {why}")

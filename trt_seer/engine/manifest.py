@@ -47,13 +47,18 @@ def read(path: Path) -> dict:
     """Reads and validates a manifest or record; InputError on anything malformed."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError as e:
         raise InputError(f"manifest not found: {path}") from e
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"unreadable manifest {path}: {e}") from e
+    except OSError as e:
+        raise InputError(f"unreadable manifest {path}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise InputError(f"manifest {path} is not UTF-8 JSON: {e.reason} at byte {e.start}") from e
+    except (ValueError, RecursionError) as e:  # json.JSONDecodeError; absurdly deep nesting
+        raise InputError(f"manifest {path} is not valid JSON: {str(e) or type(e).__name__}") from e
     if not isinstance(data, dict):
         raise InputError(f"manifest {path} is not a JSON object")
+    check_fields(data, RECORD_FIELDS, path, required=False)
     if data.get("schema", SCHEMA) > SCHEMA:
         raise InputError(f"manifest {path} has schema {data['schema']}; this trt_seer reads {SCHEMA}")
     return data
@@ -64,7 +69,42 @@ def read_engine_manifest(path: Path) -> dict:
     missing = [k for k in ENGINE_REQUIRED if k not in data]
     if missing:
         raise InputError(f"manifest {path} lacks {', '.join(missing)}")
+    check_fields(data, ENGINE_FIELDS, path, required=True)
     return data
+
+
+# The fields readers rely on, with their JSON types: a manifest edited by hand, truncated or written
+# by another tool fails here with its path and the field named, not deep inside a later stage.
+_IO = {"inputs": [{"name": str, "dtype": str, "shape": [int]}],
+       "outputs": [{"name": str, "dtype": str, "shape": [int]}]}
+RECORD_FIELDS = {"schema": int, "name": str, "precision": str, "task": str, "key": str, "sha256": str,
+                 "source": dict, "accuracy": dict, "io": _IO, "profiles": [{"batch": [int], "seq": [int]}],
+                 "engine": dict, "tensorrt": dict, "targets": dict, "build": dict}
+ENGINE_FIELDS = {"engine": {"file": str, "sha256": str, "size_bytes": int},
+                 "tensorrt": {"flavor": str, "version": str}, "io": _IO, "build": {"key": str}}
+_JSON_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "a list"}
+
+
+def check_fields(data: dict, fields: dict, path: Path, required: bool, prefix: str = "") -> None:
+    """InputError naming the first field whose JSON type differs from `fields`. A field's type is
+    a Python type, a dict of fields, or a one-element list `[type or dict]` for a list of them."""
+    for key, want in fields.items():
+        if key in data:
+            _check_value(data[key], want, path, required, f"{prefix}{key}")
+        elif required:
+            raise InputError(f"manifest {path} lacks {prefix}{key}")
+
+
+def _check_value(value, want, path: Path, required: bool, name: str) -> None:
+    kind = dict if isinstance(want, dict) else list if isinstance(want, list) else want
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise InputError(f"manifest {path}: {name} should be {_JSON_NAMES.get(kind, kind.__name__)}, "
+                         f"got {json.dumps(value)[:40]}")
+    if isinstance(want, dict):
+        check_fields(value, want, path, required, name + ".")
+    elif isinstance(want, list):
+        for i, item in enumerate(value):
+            _check_value(item, want[0], path, True, f"{name}[{i}]")
 
 
 def read_if_exists(path: Path) -> dict | None:

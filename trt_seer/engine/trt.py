@@ -108,7 +108,7 @@ def logger(flavor: Flavor, verbose: bool = False):
         def log(self, severity, msg):
             if severity <= trt.ILogger.Severity.ERROR:
                 self.errors.append(msg)
-            if severity <= threshold:
+            if severity <= threshold and "BuildCanceled" not in msg:  # Ctrl-C: the CLI says "interrupted"
                 print(f"[TensorRT] {severity.name}: {msg}", file=sys.stderr)
 
     return _Logger()
@@ -251,8 +251,9 @@ def engine_version_compatible(flavor_name: str, built: str, installed: str | Ver
     return b.release[:3] == i.release[:3]
 
 
-def make_progress_monitor(flavor: Flavor):
-    """A TensorRT progress monitor that draws tqdm bars, or None where the flavor has none."""
+def make_progress_monitor(flavor: Flavor, cancelled=lambda: False):
+    """A TensorRT progress monitor that draws tqdm bars and stops the build once `cancelled()` is
+    true, or None where the flavor has none."""
     if not flavor.has_progress_monitor:
         return None
     from tqdm import tqdm
@@ -276,7 +277,7 @@ def make_progress_monitor(flavor: Flavor):
             if self._bar is not None and phase_name == self._top:
                 self._bar.n = step + 1
                 self._bar.refresh()
-            return True
+            return not cancelled()  # False makes TensorRT abandon the build
 
         def phase_finish(self, phase_name):
             if phase_name == self._top and self._bar is not None:

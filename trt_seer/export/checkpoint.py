@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from trt_seer.export import onnxio
-from trt_seer.errors import ExportMismatchError, UnsupportedError
+from trt_seer.errors import ExportMismatchError, InputError, UnsupportedError
 from trt_seer.export.families import TASKS, ModelInfo
 
 OPSET = 18
@@ -39,11 +39,22 @@ def load_model(info: ModelInfo):
     import transformers
 
     auto = getattr(transformers, TASKS[info.task].auto_class)
-    kwargs = {"dtype": torch.float32}
-    model = auto.from_pretrained(str(info.path), **kwargs)
+    model = from_pretrained(auto, info.path, dtype=torch.float32)
     if info.family.kind == "decoder":
         model.config.use_cache = False
     return model.eval()
+
+
+def from_pretrained(auto, path: Path, **kwargs):
+    """`auto.from_pretrained(path)`; InputError when the checkpoint's weights cannot be loaded
+    (missing, truncated or corrupt files, tensors that do not fit the config)."""
+    from safetensors import SafetensorError
+
+    try:
+        return auto.from_pretrained(str(path), **kwargs)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        raise InputError(f"cannot load the checkpoint in {path}: {type(e).__name__}: "
+                         f"{str(e).strip().splitlines()[0] if str(e).strip() else 'no detail'}") from e
 
 
 def wrap(model, info: ModelInfo):

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import hashlib
 
+from trt_seer.errors import InputError
+from trt_seer.files import fsync_dir, fsync_file
+
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes; protobuf's hard limit is 2 GiB
 
 
@@ -18,18 +21,31 @@ def data_path(onnx_path: Path) -> Path:
 
 @contextmanager
 def staged(dest: Path):
-    """Yields a path with `dest`'s file name inside a temp dir beside it; on success moves the
-    file (and its external-data file, if written) into place, data first."""
+    """Yields a path with `dest`'s file name inside a temp dir beside `dest`; when the block
+    succeeds, publishes the graph and its external-data file (if the block wrote one) together.
+
+    The rule that makes them appear together: both are written and flushed to disk in the temp
+    dir first; then the data file is renamed into place, and the graph last. A reader that finds
+    the new graph therefore always finds its data beside it; a stale data file of an older graph
+    is removed only after the new graph (which does not reference it) has replaced the old one.
+    (While an old pair is being replaced, a reader that opened the old graph just before may meet
+    the new data: records hash graph and data together, so such a mix never matches a record.)
+    On failure or Ctrl-C the temp dir is removed and `dest` is untouched.
+    """
     dest = Path(dest)
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:
         yield tmpdir / dest.name
-        staged_data = data_path(tmpdir / dest.name)
-        if staged_data.exists():
-            os.replace(staged_data, data_path(dest))
-        elif data_path(dest).exists():
+        graph, data = tmpdir / dest.name, data_path(tmpdir / dest.name)
+        wrote_data = data.exists()
+        for path in (data, graph) if wrote_data else (graph,):
+            fsync_file(path)
+        if wrote_data:
+            os.replace(data, data_path(dest))
+        os.replace(graph, dest)
+        if not wrote_data and data_path(dest).exists():  # an older, larger graph's: now unreferenced
             data_path(dest).unlink()
-        os.replace(tmpdir / dest.name, dest)
+        fsync_dir(dest.parent)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
@@ -53,6 +69,19 @@ def load(path: Path, load_external_data: bool = True):
     import onnx
 
     return onnx.load(str(path), load_external_data=load_external_data)
+
+
+def check_readable(path: Path) -> None:
+    """InputError naming `path` when it is not a well-formed ONNX graph (truncated, corrupt, not
+    ONNX at all, or its external-data file is missing)."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        onnx.checker.check_model(str(path))  # by path: external data is checked beside it
+    except (OSError, DecodeError, RuntimeError, onnx.checker.ValidationError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"{path} is not a readable ONNX graph (truncated or corrupt?): {first}") from e
 
 
 def sha256(path: Path) -> str:

@@ -32,7 +32,11 @@ def finetune(spec: FinetuneSpec) -> Path:
     this; rank 0 writes. Raises InputError before writing anything when the inputs are bad."""
     from trt_seer.finetune import distributed
 
+    from trt_seer.finetune import checkpoint
+
     spec.check()
+    if spec.out is not None:  # before the slow imports of distributed.start
+        checkpoint.check_out(Path(spec.out))
     ctx = distributed.start(spec.device, spec.zero1)
     try:
         if spec.amp.mode == "fp16" and not ctx.cuda:

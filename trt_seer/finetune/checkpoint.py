@@ -37,8 +37,13 @@ def resolve(model: Path | None, task: str) -> ModelInfo:
 
 
 def check_out(out: Path) -> None:
-    """An existing --out is only replaced when it is empty or an earlier finetune output."""
+    """An existing --out is only replaced when it is empty or an earlier finetune output; a new one
+    needs a directory it can be created in."""
     if not out.exists():
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"cannot create --out {out}: {e.strerror}") from e
         return
     if not out.is_dir() or (any(out.iterdir()) and not (out / TRAINING_FILE).is_file()):
         raise InputError(f"--out {out} exists and is not a finetune output; choose a new directory")
@@ -96,12 +101,14 @@ def load_model(info: ModelInfo, labels: tuple[str, ...], pad_id: int, seed: int)
     import torch
     import transformers
 
+    from trt_seer.export.checkpoint import from_pretrained
+
     torch.manual_seed(seed)  # the new head's initial weights
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # "newly initialized weights": expected, we train them
     try:
-        model = transformers.AutoModelForSequenceClassification.from_pretrained(
-            str(info.path), dtype=torch.float32, num_labels=len(labels), ignore_mismatched_sizes=True,
+        model = from_pretrained(
+            transformers.AutoModelForSequenceClassification, info.path, dtype=torch.float32, num_labels=len(labels), ignore_mismatched_sizes=True,
             id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)})
     finally:
         transformers.logging.set_verbosity(verbosity)

@@ -8,6 +8,7 @@ on held-out data, with automatic per-layer precision fallback.
 from __future__ import annotations
 
 import logging
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from trt_seer.engine import manifest
 from trt_seer.export import onnxio
 from trt_seer.errors import AccuracyGateError, InputError
 from trt_seer.export.families import ModelInfo, ShapeProfile
-from trt_seer.files import sha256_file, sha256_json
+from trt_seer.files import ensure_out_dir, sha256_file, sha256_json
 
 log = logging.getLogger(__name__)
 HELDOUT_EVERY = 5  # user data: every 5th sample is held out for the gate
@@ -67,7 +68,7 @@ def _npz_batches(folder: Path) -> list[dict]:
         try:
             with np.load(f) as z:
                 out.append({k: z[k].astype(np.int64) for k in z.files})
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # torn, empty, not an .npz
             raise InputError(f"unreadable calibration batch {f}: {e}") from e
     return out
 
@@ -104,8 +105,10 @@ def load_calib_data(info: ModelInfo, args, profile: ShapeProfile) -> CalibData:
 
 
 def cache_path(info: ModelInfo, args) -> Path:
-    """Where calibration.cache goes: --calib-cache, else calib/<name>/ under the current directory."""
-    return Path(args.calib_cache) if getattr(args, "calib_cache", None) else Path("calib") / info.name / "calibration.cache"
+    """Where calibration.cache goes: --calib-cache, else `<out>/calib/<name>/calibration.cache`."""
+    if getattr(args, "calib_cache", None):
+        return Path(args.calib_cache)
+    return Path(args.out) / "calib" / info.name / "calibration.cache"
 
 
 def _ranges(fp32_path: Path, tensors: dict, cd: CalibData, args) -> dict[str, float]:
@@ -132,7 +135,7 @@ def _write_cache(path: Path, amax: dict[str, float]) -> None:
 
     v = trt.load().version if trt.available() else None
     tag = calibrate.cache_version_tag(v.major, v.minor, v.micro) if v else "0"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_out_dir(path.parent)
     calibrate.write_cache(path, calibrate.scales_from_ranges(amax), tag)
 
 
@@ -158,7 +161,7 @@ def check_int8_left(counts: dict, allow_no_int8: bool, table: str = "") -> None:
            "by the accuracy gate's fallback): the INT8 engine would be an FP16 engine")
     if not allow_no_int8:
         raise AccuracyGateError(why + "; loosen the gate, or pass --allow-no-int8 to accept it"
-                                + (f"\n{table}" if table else ""))
+                                + ("; the table above has every attempt" if table else ""))
     log.warning("warning: %s; kept because of --allow-no-int8", why)
 
 
@@ -200,6 +203,8 @@ def check_args(args) -> None:
     if resolve_mode(args) == "w8a8":
         log.warning("warning: --int8-mode w8a8 is unverified on a GPU: no W8A8 engine has yet given a correct "
                     "output (TensorRT-RTX returned NaN); the default (auto) is weight-only")
+    if getattr(args, "calib_cache", None):  # the default place, under --out, is checked with --out
+        ensure_out_dir(Path(args.calib_cache).parent)
 
 
 def data_fingerprint(args) -> str:
@@ -321,7 +326,7 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
     if fails:
         dest.unlink(missing_ok=True)
         raise AccuracyGateError("INT8 cannot pass the accuracy gate even with every layer in FP16 ("
-                                + "; ".join(fails) + ")\n" + table)
+                                + "; ".join(fails) + "); the table above has every attempt")
     counts = gemm_counts(len(targets), excluded)
     _log_counts(counts)
     try:

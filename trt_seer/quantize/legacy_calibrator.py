@@ -1,7 +1,7 @@
 """Implicit INT8 calibration for TensorRT <= 10 (`BuilderFlag.INT8` + `IInt8EntropyCalibrator2`).
 
 TensorRT 11 and TensorRT-RTX removed this API; trt_seer's main path is explicit Q/DQ. This thin
-extra serves a TensorRT calibration cache written by `build --int8` (calib/<name>/calibration.cache)
+extra serves a TensorRT calibration cache written by `build --int8` (<out>/calib/<name>/calibration.cache)
 so an older implicit-mode pipeline takes the same scales, and, given batches, feeds them to
 TensorRT through pinned host buffers on a CUDA stream.
 

@@ -1,0 +1,75 @@
+"""What a non-editable install gets: a wheel built from this tree, installed into a fresh venv.
+
+The wheel must carry every package and the calibration corpus (top-level calib/, shipped as
+trt_seer/calib/), and `trt-seer build --int8` with no other argument must work from an empty
+directory, writing only under ./engines.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from trt_seer.engine import trt
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "all-MiniLM-L6-v2"
+
+
+def _run(cmd, **kw):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600, **kw)
+    assert r.returncode == 0, (cmd, r.stdout[-2000:], r.stderr[-4000:])
+    return r
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel of a copy of this tree (setuptools writes build/ and *.egg-info where it builds)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", "engines", "out"))
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp, src])
+    (whl,) = tmp.glob("trt_seer-*.whl")
+    return whl
+
+
+def test_wheel_ships_every_package_and_the_corpus(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for init in ROOT.joinpath("trt_seer").rglob("__init__.py"):  # pyproject lists packages by hand
+        assert init.relative_to(ROOT).as_posix() in names, f"{init.parent.name} is missing from pyproject's packages"
+    with zipfile.ZipFile(wheel) as z:
+        for split in ("default", "heldout"):
+            assert z.read(f"trt_seer/calib/{split}.txt") == (ROOT / "calib" / f"{split}.txt").read_bytes()
+    assert not any(n.startswith("calib/") for n in names)  # inside the package, not a top-level one
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
+def test_wheel_install_builds_int8_from_an_empty_directory(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--system-site-packages", venv])  # torch etc. from the system
+    py = venv / "bin" / "python"
+    _run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall", wheel])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    work = tmp_path / "work"
+    work.mkdir()
+    script = "import trt_seer, trt_seer.data as d; print(trt_seer.__file__); print(d.default_corpus('heldout'))"
+    where, corpus = _run([py, "-c", script], cwd=work, env=env).stdout.split()
+    assert Path(where).is_relative_to(venv), f"imported {where}, not the wheel's trt_seer"
+    assert Path(corpus).is_relative_to(venv), f"the corpus came from {corpus}, not the wheel"
+
+    r = subprocess.run([venv / "bin" / "trt-seer", "build", "--int8"], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert sorted(os.listdir(work)) == ["engines"], "build wrote outside --out"
+    engines = work / "engines"
+    for prec in ("fp16", "int8"):
+        assert (engines / f"{NAME}.{prec}.engine").stat().st_size > 0
+        assert (engines / f"{NAME}.{prec}.manifest.json").is_file()
+    assert (engines / "calib" / NAME / "calibration.cache").read_text().startswith("TRT-")
+    leftovers = [p.name for p in engines.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"]
+    assert leftovers == []
