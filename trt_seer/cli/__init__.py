@@ -13,7 +13,7 @@ from trt_seer import __version__
 from trt_seer.cli import common
 from trt_seer.errors import TrtSeerError
 
-SUBCOMMANDS = ("export", "build", "run", "diff", "bench", "finetune")
+SUBCOMMANDS = ("export", "build", "run", "diff", "bench", "finetune", "generate")
 
 
 class OneLineParser(argparse.ArgumentParser):
