@@ -159,6 +159,7 @@ def test_step_rejects_more_than_max_total(artifacts):
 
 
 def _one_line_exit_2(capsys, argv) -> str:
+    capsys.readouterr()  # what earlier steps of the test printed
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("trt-seer: error: "), err
