@@ -200,3 +200,16 @@ def test_engine_without_manifest_and_missing_artifact(tmp_path, capsys):
     assert "artifact not found" in _one_line_exit_2(capsys, ["generate", str(tmp_path / "x.onnx"), "--prompt", "a"])
     (tmp_path / "x.fp16.engine").write_bytes(b"\0")
     assert "no record" in _one_line_exit_2(capsys, ["generate", str(tmp_path / "x.fp16.engine"), "--prompt", "a"])
+
+
+def test_generation_imports_neither_torch_nor_transformers(artifacts):
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom trt_seer.runtime.generate import Sampling, load_generator\n"
+            f"gen = load_generator({str(artifacts['llama'][2])!r})\n"
+            "print(gen.generate(['w5 w6'], Sampling(max_new_tokens=3))[0].token_ids)\n"
+            "assert not {'torch', 'transformers', 'onnx'} & set(sys.modules), sys.modules.keys()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)) == 3
