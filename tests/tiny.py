@@ -50,6 +50,9 @@ _FAMILY_KWARGS = {
     "llama": {"num_key_value_heads": 2, **SPECIAL_IDS},  # grouped-query attention
     "qwen2": {"num_key_value_heads": 2, **SPECIAL_IDS},
     "mistral": {"num_key_value_heads": 2, "sliding_window": 32, **SPECIAL_IDS},
+    "qwen3": {"num_key_value_heads": 2, "head_dim": 8, **SPECIAL_IDS},  # q/k RMSNorm per head
+    "gemma": {"num_key_value_heads": 1, "head_dim": 16, **SPECIAL_IDS},  # head_dim * heads != hidden
+    "phi3": {"num_key_value_heads": 2, **SPECIAL_IDS},  # fused qkv and gate_up projections
 }
 _UNUSED = {"distilbert": ("intermediate_size",), "gpt2": ("intermediate_size",)}
 

@@ -36,6 +36,7 @@ DECODER_TASKS = ("causal-lm", "text-classification", "feature-extraction")
 _BERT_LIKE = FamilySpec("encoder", ("input_ids", "attention_mask", "token_type_ids"), ENCODER_TASKS)
 _NO_TYPES = FamilySpec("encoder", ("input_ids", "attention_mask"), ENCODER_TASKS)
 _DECODER = FamilySpec("decoder", ("input_ids", "attention_mask"), DECODER_TASKS)
+_GENERATOR = FamilySpec("decoder", ("input_ids", "attention_mask"), ("causal-lm",))
 
 FAMILIES: dict[str, FamilySpec] = {
     "bert": _BERT_LIKE,
@@ -49,6 +50,9 @@ FAMILIES: dict[str, FamilySpec] = {
     "llama": _DECODER,
     "qwen2": _DECODER,
     "mistral": _DECODER,
+    "qwen3": _GENERATOR,
+    "gemma": _GENERATOR,
+    "phi3": _GENERATOR,
 }
 
 TOKEN_AXES = {0: "batch", 1: "seq"}
