@@ -213,3 +213,28 @@ def test_generation_imports_neither_torch_nor_transformers(artifacts):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)) == 3
+
+
+def test_plain_output_and_run_points_to_generate(artifacts, capsys, tmp_path):
+    fp32 = artifacts["mistral"][1]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("w5 w6\n\nw7\n")
+    assert cli.main(["generate", str(fp32), "--file", str(prompts), "--max-new-tokens", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" -> ")[0] for line in lines] == ["'w5 w6'", "'w7'"]
+    args = ["generate", str(fp32), "--prompt", "w5", "--max-new-tokens", "3"]
+    assert cli.main(args + ["--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["results"][0]["text"]
+    assert cli.main(args + ["--stream"]) == 0
+    streamed = capsys.readouterr().out
+    assert streamed.count("\n") == 1 and streamed.strip() == text and text
+    err = _one_line_exit_2(capsys, ["run", str(fp32), "--text", "w5"])
+    assert "trt-seer generate" in err
+
+
+def test_prompts_beyond_max_batch_run_in_several_batches(artifacts):
+    gen = load_generator(artifacts["llama"][1])
+    one_batch = [r.token_ids for r in gen.generate(PROMPTS, Sampling(max_new_tokens=6))]
+    pairs = Generator(gen.step, {**gen.decoder, "max_batch": 2}, gen.tokenizer)
+    assert [r.token_ids for r in pairs.generate(PROMPTS, Sampling(max_new_tokens=6))] == one_batch
+    assert [r.token_ids for r in pairs.generate(PROMPTS[1:2], Sampling(max_new_tokens=6))] == one_batch[1:2]

@@ -62,11 +62,15 @@ def _as_dict(r) -> dict:
 
 
 def _stream(generator, texts: list[str], sampling, as_json: bool) -> int:
-    """One line per token: JSON {"row", "token_id", "text"}, or `[row] piece` as text."""
+    """One JSON line per token ({"row", "token_id", "text"}); as text, one prompt's pieces as they
+    come, or one `[row] piece` line per token for several prompts."""
     for row, token, piece in generator.stream(texts, sampling):
         if as_json:
-            print(json.dumps({"row": row, "token_id": token, "text": piece}), flush=True)
+            line = json.dumps({"row": row, "token_id": token, "text": piece}) + "\n"
         else:
-            sys.stdout.write(f"[{row}] {piece}\n")
-            sys.stdout.flush()
+            line = piece if len(texts) == 1 else f"[{row}] {piece!r}\n"
+        sys.stdout.write(line)
+        sys.stdout.flush()
+    if not as_json and len(texts) == 1:
+        sys.stdout.write("\n")
     return 0

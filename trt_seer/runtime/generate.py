@@ -101,14 +101,15 @@ def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> 
 
 
 def generate_ids(step: DecoderStep, prompts: list[list[int]], sampling: Sampling, eos_ids: set[int],
-                 pad_id: int) -> Iterator[tuple[int, int]]:
-    """Yields (row, token id) as each row's tokens are produced; a row ends after an EOS token."""
+                 pad_id: int, rng: np.random.Generator | None = None) -> Iterator[tuple[int, int]]:
+    """Yields (row, token id) as each row's tokens are produced; a row ends after an EOS token.
+    `rng` (default: seeded with `sampling.seed`) draws the samples."""
     ids, mask = left_pad(prompts, pad_id)
     budget = min(sampling.max_new_tokens, step.max_total - ids.shape[1] + 1)
     if budget < 1:
         raise InputError(f"a prompt of {ids.shape[1]} tokens leaves no room in the {step.max_total} tokens "
                          "the model takes")
-    rng = np.random.default_rng(sampling.seed)
+    rng = rng or np.random.default_rng(sampling.seed)
     eos = np.array(sorted(eos_ids), dtype=np.int64)
     step.reset(len(prompts))
     logits = step.step(ids, mask, position_ids(mask, ids.shape[1]))
@@ -163,10 +164,11 @@ class Generator:
         return rows
 
     def stream_ids(self, prompts: list[list[int]], sampling: Sampling) -> Iterator[tuple[int, int]]:
-        """(row, token id) over all prompts, max_batch rows per batch."""
+        """(row, token id) over all prompts, max_batch rows per batch, one random stream for all."""
+        rng = np.random.default_rng(sampling.seed)
         for start in range(0, len(prompts), self.max_batch):
             chunk = prompts[start:start + self.max_batch]
-            for row, token in generate_ids(self.step, chunk, sampling, self.eos_ids, self.pad_id):
+            for row, token in generate_ids(self.step, chunk, sampling, self.eos_ids, self.pad_id, rng):
                 yield start + row, token
 
     def stream(self, texts: list[str], sampling: Sampling = Sampling()) -> Iterator[tuple[int, int, str]]:
