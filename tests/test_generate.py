@@ -238,3 +238,13 @@ def test_prompts_beyond_max_batch_run_in_several_batches(artifacts):
     pairs = Generator(gen.step, {**gen.decoder, "max_batch": 2}, gen.tokenizer)
     assert [r.token_ids for r in pairs.generate(PROMPTS, Sampling(max_new_tokens=6))] == one_batch
     assert [r.token_ids for r in pairs.generate(PROMPTS[1:2], Sampling(max_new_tokens=6))] == one_batch[1:2]
+
+
+def test_mistral_past_its_sliding_window_matches_hugging_face(artifacts):
+    """Contexts longer than the tiny Mistral's 32-token window: the exported mask slides as HF's does."""
+    ckpt, fp32, _ = artifacts["mistral"]
+    gen = load_generator(fp32)
+    prompts = gen.encode(PROMPTS[:3])
+    results = gen.generate(PROMPTS[:3], Sampling(max_new_tokens=48))
+    assert max(len(p) + len(r.token_ids) for p, r in zip(prompts, results)) > 32 + 8
+    assert [r.token_ids for r in results] == hf_greedy(ckpt, prompts, 48)
