@@ -12,6 +12,7 @@ import json
 import sys
 
 from trt_seer.cli.run import read_texts
+from trt_seer.errors import InputError
 
 
 def add_parser(subparsers, common):
@@ -42,6 +43,8 @@ def add_parser(subparsers, common):
 def run(args) -> int:
     from trt_seer.runtime.generate import Sampling, load_generator
 
+    if not args.text and not args.file:
+        raise InputError("nothing to generate from: pass --prompt TEXT or --file PATH")
     texts = read_texts(args)
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
     generator = load_generator(args.artifact, args.threads, args.tokenizer)

@@ -22,8 +22,9 @@ PAST_PREFIX, PRESENT_PREFIX = "past_key_values.", "present."
 TOKEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
-def decoder_record(path: Path, record: dict | None) -> dict:
-    """The record's `decoder` section; UnsupportedError when the artifact is not a KV-cache decoder."""
+def decoder_record(path: Path, record: dict | None, meta: Path | None = None) -> dict:
+    """The `decoder` section of the artifact's record (or engine manifest, `meta`); UnsupportedError
+    when the artifact is not a KV-cache decoder."""
     record = record or {}
     task = record.get("task")
     if task and task != "causal-lm":
@@ -33,8 +34,9 @@ def decoder_record(path: Path, record: dict | None) -> dict:
         raise UnsupportedError(f"{path.name} has no KV-cache inputs (past_key_values.*); "
                                "re-export the checkpoint with this version of trt-seer")
     if "decoder" not in record:
+        meta = meta or manifest_io.record_path(path)
         raise UnsupportedError(f"{path.name} has no record with a `decoder` section beside it "
-                               f"({manifest_io.record_path(path).name}); re-export the checkpoint")
+                               f"({meta.name}); re-export the checkpoint")
     return record["decoder"]
 
 

@@ -216,7 +216,7 @@ def artifact_decoder(artifact: str | Path) -> dict:
         raise InputError(f"artifact not found: {path}")
     meta = (manifest_io.engine_manifest_path(path) if path.suffix == ".engine"
             else manifest_io.record_path(path))
-    return decoder_record(path, manifest_io.read_if_exists(meta))
+    return decoder_record(path, manifest_io.read_if_exists(meta), meta)
 
 
 def load_tokenizer(artifact: Path, decoder: dict, directory: str | Path | None = None):
@@ -224,7 +224,8 @@ def load_tokenizer(artifact: Path, decoder: dict, directory: str | Path | None =
     from tokenizers import Tokenizer
 
     if directory is None and not decoder.get("tokenizer"):
-        raise InputError(f"{Path(artifact).name} has no tokenizer beside it; pass a directory with tokenizer.json")
+        raise InputError(f"{Path(artifact).name} has no tokenizer beside it; pass a directory with "
+                         "tokenizer.json (trt-seer generate --tokenizer DIR)")
     folder = Path(directory) if directory is not None else Path(artifact).parent / decoder["tokenizer"]
     path = folder / "tokenizer.json"
     if not path.is_file():
