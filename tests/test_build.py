@@ -103,6 +103,11 @@ def test_tiny_family_fp16_engine(tmp_path, model_type, task):
     assert m["task"] == task and m["model_type"] == model_type
     assert (tmp_path / "out" / m["engine"]["file"]).stat().st_size == m["engine"]["size_bytes"]
     assert json.loads((tmp_path / "out" / "ckpt.fp16.onnx.json").read_text())["precision"] == "fp16"
+    if task == "causal-lm":  # a KV-cache decoder: the profile bounds the context, the cache is float16
+        assert {k: m["decoder"][k] for k in ("max_batch", "max_prompt", "max_total", "kv_dtype")} == \
+            {"max_batch": 4, "max_prompt": 31, "max_total": 32, "kv_dtype": "float16"}
+        past = next(v for v in m["io"]["inputs"] if v["name"] == "past_key_values.0.key")
+        assert past["dtype"] in ("float16", "half") and past["shape"][2] == -1
 
 
 @pytest.mark.skipif(not trt.available() or not trt.load().is_rtx, reason="compute-capability targets are TensorRT-RTX's")
