@@ -117,6 +117,11 @@ def test_tiny_family_fp16_engine(tmp_path, model_type, task):
     assert "build_gpu" in m and m["build_gpu"] == gpu
     assert m["targets"]["build_compute_capability"] == (gpu["compute_capability"] if gpu else None)
     assert gpu is not None or m["targets"]["mode"] not in trt.NEEDS_BUILD_GPU
+    if task == "causal-lm":  # a KV-cache decoder: prompts up to --seq max, 2 x that in all (--max-total), cache in float16
+        assert {k: m["decoder"][k] for k in ("max_batch", "max_prompt", "max_total", "kv_dtype")} == \
+            {"max_batch": 4, "max_prompt": 32, "max_total": 64, "kv_dtype": "float16"}
+        past = next(v for v in m["io"]["inputs"] if v["name"] == "past_key_values.0.key")
+        assert past["dtype"] in ("float16", "half") and past["shape"][2] == -1
 
 
 @pytest.mark.skipif(not trt.available() or not trt.load().is_rtx, reason="compute-capability targets are TensorRT-RTX's")

@@ -61,7 +61,7 @@ _FAMILY_KWARGS = {
     "qwen2": {"num_key_value_heads": 2, **SPECIAL_IDS},
     "mistral": {"num_key_value_heads": 2, "sliding_window": 32, **SPECIAL_IDS},
     "qwen3": {"num_key_value_heads": 2, "head_dim": 8, **SPECIAL_IDS},
-    "gemma": {"num_key_value_heads": 2, "head_dim": 8, **SPECIAL_IDS},
+    "gemma": {"num_key_value_heads": 1, "head_dim": 16, **SPECIAL_IDS},  # head_dim * heads != hidden
     "phi": {"partial_rotary_factor": 0.5, **SPECIAL_IDS},
     "phi3": {"num_key_value_heads": 2, **SPECIAL_IDS},
     "gpt_neox": {"rotary_pct": 0.5, **SPECIAL_IDS},

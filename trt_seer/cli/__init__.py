@@ -14,7 +14,7 @@ from trt_seer import __version__
 from trt_seer.cli import common
 from trt_seer.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, TrtSeerError
 
-SUBCOMMANDS = ("export", "build", "run", "diff", "bench", "finetune", "triton")
+SUBCOMMANDS = ("export", "build", "run", "diff", "bench", "finetune", "generate", "triton")
 
 EPILOG = """exit codes:
   0    success

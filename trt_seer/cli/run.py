@@ -1,5 +1,5 @@
 """`trt-seer run`: tokenize text, run an engine (or ONNX artifact) and print what it computes:
-sentence embeddings, class labels with logits, or next-token predictions.
+sentence embeddings or class labels with logits (causal LMs: `trt-seer generate`).
 
     python -m trt_seer run engines/all-MiniLM-L6-v2.fp16.engine --text "hello world" --json
 """
@@ -124,16 +124,6 @@ def summarize(task: str, outputs: dict[str, np.ndarray], labels: dict | None, fu
     return rows
 
 
-def next_tokens(outputs: dict, feeds: dict, tokenizer) -> list[dict]:
-    """Causal LM: the most likely token after each row's last real token."""
-    last = feeds["attention_mask"].sum(axis=1) - 1
-    rows = []
-    for i, pos in enumerate(last):
-        token = int(np.argmax(outputs["logits"][i, int(pos)]))
-        rows.append({"next_token_id": token, "next_token": tokenizer.id_to_token(token)})
-    return rows
-
-
 def run(args) -> int:
     from trt_seer.runtime import load
 
@@ -146,6 +136,9 @@ def run(args) -> int:
         log.warning("warning: %s", w.message)
     with model:
         record = model.manifest or {}
+        if record.get("task") == "causal-lm":
+            raise UnsupportedError(f"{Path(args.artifact).name} is a causal-lm artifact (a KV-cache "
+                                   "decoder); run it with `trt-seer generate`")
         tok_dir = tokenizer_dir(args, record)
         tokenizer = load_tokenizer(tok_dir)
         tokenizer.no_padding()
@@ -156,8 +149,7 @@ def run(args) -> int:
         results, gpu_ms = [], []
         for real, feeds in batches(model, ids, args.batch_size):
             out = model.infer(feeds)
-            rows = (next_tokens(out, feeds, tokenizer) if task == "causal-lm"
-                    else summarize(task, out, labels, args.json))
+            rows = summarize(task, out, labels, args.json)
             results += rows[:real]
             if model.last_gpu_ms is not None:
                 gpu_ms.append(model.last_gpu_ms)
