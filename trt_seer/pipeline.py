@@ -131,7 +131,7 @@ def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tupl
     current = None if force else up_to_date(engine_path, manifest.engine_manifest_path(engine_path), key)
     if current:
         return current, False
-    extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source") if k in onnx_record}
+    extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source", "quantization") if k in onnx_record}
     extra["onnx_record"] = manifest.record_path(onnx_path).name
     extra["accuracy"] = onnx_record.get("accuracy", {})
     log.info("building the %s engine with %s ...", spec.precision, trt_adapter.load().name)

@@ -7,7 +7,7 @@ import logging
 
 from trt_seer.export.families import TASKS
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
 
 
 def int_triple(text: str) -> tuple[int, int, int]:
