@@ -70,7 +70,8 @@ def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
 
     dest = art.path("fp32.onnx")
     source = checkpoint_fingerprint(info)
-    key = sha256_json({"source": source, "task": info.task, "opset": OPSET, "trt_seer": __version__})
+    key = sha256_json({"source": source, "task": info.task, "opset": OPSET, "trt_seer": __version__,
+                       "kv_cache": is_decoder(info)})
     record = None if force else up_to_date(dest, manifest.record_path(dest), key)
     if record:
         log.info("fp32 ONNX up to date: %s", dest)
@@ -80,9 +81,19 @@ def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
     log.info("exporting %s (%s, %s) to ONNX ...", info.name, info.model_type, info.task)
     report = onnx_from_checkpoint(info, dest)
     log.info("export verified against PyTorch: %s", _fmt_verification(report))
-    return write_record(dest, {"kind": "onnx", "precision": "fp32", "key": key, "name": info.name,
-                               "task": info.task, "model_type": info.model_type, "source": source,
-                               "io": onnxio.describe_io(onnxio.load(dest, False)), "verification": report})
+    record = {"kind": "onnx", "precision": "fp32", "key": key, "name": info.name, "task": info.task,
+              "model_type": info.model_type, "source": source,
+              "io": onnxio.describe_io(onnxio.load(dest, False)), "verification": report}
+    if is_decoder(info):
+        from trt_seer.export.decoder import decoder_section
+
+        record["decoder"] = decoder_section(info, dest)
+    return write_record(dest, record)
+
+
+def is_decoder(info: ModelInfo) -> bool:
+    """A causal LM: exported with a KV cache for generation."""
+    return info.task == "causal-lm"
 
 
 def _fmt_verification(report: dict) -> str:
@@ -91,28 +102,48 @@ def _fmt_verification(report: dict) -> str:
 
 def fp16_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = False) -> dict:
     """Stage 2: the FP16-typed ONNX, with its accuracy against FP32 on held-out data."""
-    from trt_seer.export.precision import KEEP_FP32_OPS
+    from trt_seer.export.precision import KEEP_FP32_OPS, Fp16Spec
 
     src, dest = art.path("fp32.onnx"), art.path("fp16.onnx")
-    key = sha256_json({"fp32": fp32["sha256"], "keep": sorted(KEEP_FP32_OPS), "trt_seer": __version__})
+    spec = Fp16Spec(fp16_io=frozenset(_kv_names(fp32)))
+    key = sha256_json({"fp32": fp32["sha256"], "keep": sorted(KEEP_FP32_OPS), "trt_seer": __version__,
+                       "fp16_io": sorted(spec.fp16_io)})
     record = None if force else up_to_date(dest, manifest.record_path(dest), key)
     if record:
         log.info("fp16 ONNX up to date: %s", dest)
         return record
-    from trt_seer.eval.evaluate import compare_onnx, eval_batches
     from trt_seer.export.precision import fp16_from_onnx
 
     log.info("converting to an FP16-typed graph ...")
-    fp16_from_onnx(src, dest)
-    accuracy = compare_onnx(info, src, dest, eval_batches(info))
+    fp16_from_onnx(src, dest, spec)
+    accuracy = _fp16_accuracy(info, src, dest)
     log.info("fp16 vs fp32 (ONNX Runtime, held-out data): %s", _fmt_metrics(accuracy))
-    return write_record(dest, {**inherit(fp32), "precision": "fp16", "key": key,
+    extra = {"decoder": {**fp32["decoder"], "kv_dtype": "float16"}} if "decoder" in fp32 else {}
+    return write_record(dest, {**inherit(fp32), "precision": "fp16", "key": key, **extra,
+                               "io": onnxio.describe_io(onnxio.load(dest, False)),
                                "fp32_sha256": fp32["sha256"], "accuracy": {"onnx_vs_fp32": accuracy}})
+
+
+def _kv_names(record: dict) -> list[str]:
+    """A decoder's cache inputs and outputs, which FP16 graphs take and give in float16."""
+    io = record.get("io", {})
+    return [v["name"] for v in io.get("inputs", []) + io.get("outputs", [])
+            if v["name"].startswith(("past_key_values.", "present."))]
+
+
+def _fp16_accuracy(info: ModelInfo, src: Path, dest: Path) -> dict:
+    if is_decoder(info):  # step by step through the cache, as generation runs it
+        from trt_seer.export.decoder import compare_decoders
+
+        return compare_decoders(src, dest, info.config)
+    from trt_seer.eval.evaluate import compare_onnx, eval_batches
+
+    return compare_onnx(info, src, dest, eval_batches(info))
 
 
 def inherit(record: dict) -> dict:
     """What a derived ONNX record takes over from the record it was made from."""
-    keep = ("kind", "name", "task", "model_type", "source", "io")
+    keep = ("kind", "name", "task", "model_type", "source", "io", "decoder")
     return {k: record[k] for k in keep if k in record}
 
 
@@ -131,7 +162,8 @@ def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tupl
     current = None if force else up_to_date(engine_path, manifest.engine_manifest_path(engine_path), key)
     if current:
         return current, False
-    extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source", "quantization") if k in onnx_record}
+    extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source", "decoder", "quantization")
+             if k in onnx_record}
     extra["onnx_record"] = manifest.record_path(onnx_path).name
     extra["accuracy"] = onnx_record.get("accuracy", {})
     log.info("building the %s engine with %s ...", spec.precision, trt_adapter.load().name)

@@ -175,6 +175,10 @@ def onnx_from_checkpoint(info: ModelInfo, dest: Path, tol: Tolerance = Tolerance
     """Exports `info`'s checkpoint to `dest` and verifies it. Returns the verification report."""
     if info.task not in TASKS:
         raise UnsupportedError(f"unknown task {info.task!r}")
+    if info.task == "causal-lm":  # with a KV cache, for generation
+        from trt_seer.export.decoder import onnx_from_decoder
+
+        return onnx_from_decoder(info, dest, tol)
     wrapped = wrap(load_model(info), info)
     _export(wrapped, info, dest)
     try:

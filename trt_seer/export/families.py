@@ -57,8 +57,21 @@ TASKS: dict[str, TaskSpec] = {
         "AutoModel", {"last_hidden_state": TOKEN_AXES, "sentence_embedding": {0: "batch"}}
     ),
     "text-classification": TaskSpec("AutoModelForSequenceClassification", {"logits": {0: "batch"}}),
-    "causal-lm": TaskSpec("AutoModelForCausalLM", {"logits": TOKEN_AXES}),
+    # logits of the last position only; the KV-cache I/O (decoder_io) follows from the layer count
+    "causal-lm": TaskSpec("AutoModelForCausalLM", {"logits": {0: "batch"}}),
 }
+KV_KINDS = ("key", "value")
+
+
+def decoder_io(num_layers: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(inputs, outputs) of a causal-LM graph with a KV cache, in graph order."""
+    past = tuple(f"past_key_values.{i}.{k}" for i in range(num_layers) for k in KV_KINDS)
+    present = tuple(f"present.{i}.{k}" for i in range(num_layers) for k in KV_KINDS)
+    return ("input_ids", "attention_mask", "position_ids") + past, ("logits",) + present
+
+
+def num_layers(config: dict) -> int:
+    return int(config.get("num_hidden_layers") or config["n_layer"])
 
 
 @dataclass(frozen=True)

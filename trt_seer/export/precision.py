@@ -3,7 +3,8 @@
 Every float tensor becomes FP16 except in numerically sensitive ops, which stay FP32 with Casts at
 the boundary: normalisation (LayerNormalization and its decomposition: ReduceMean, Pow, Sqrt,
 Reciprocal), Softmax, reductions, and the pooled-embedding head (the nodes that feed only
-`sentence_embedding`). Graph inputs and outputs keep their types. The result runs in ONNX Runtime on
+`sentence_embedding`). Graph inputs and outputs keep their types, except those named in
+`Fp16Spec.fp16_io` (a decoder's KV cache), which become float16. The result runs in ONNX Runtime on
 CPU, so its numerics are checked without a GPU. Why not onnxconverter-common: docs/DESIGN.md.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Fp16Spec:
     keep_ops: frozenset = KEEP_FP32_OPS
     fp32_outputs: tuple[str, ...] = ("sentence_embedding",)  # heads computed entirely in FP32
     extra_fp32_nodes: frozenset = field(default_factory=frozenset)
+    fp16_io: frozenset = frozenset()  # graph inputs/outputs typed float16 (a decoder's past/present)
 
 
 def _float_tensors(model) -> set[str]:
@@ -73,7 +75,7 @@ def _regions(model, spec: Fp16Spec, floats: set[str]) -> list[bool]:
     """Per node (graph order): True if it computes in FP32."""
     nodes = model.graph.node
     head = _head_nodes(model, spec)
-    fp32_tensors = {v.name for v in model.graph.input}  # inputs keep FP32
+    fp32_tensors = {v.name for v in model.graph.input} - spec.fp16_io  # inputs keep FP32
     init = {t.name for t in model.graph.initializer} | {n.output[0] for n in nodes if n.op_type == "Constant"}
     region = []
     for i, n in enumerate(nodes):
@@ -98,11 +100,15 @@ class _Converter:
 
         self.onnx = onnx
         self.model = model
+        self.fp16_io = spec.fp16_io
         self.floats = _float_tensors(model)
         self.fp32 = _regions(model, spec, self.floats)
         self.casts: dict[tuple[str, int], str] = {}
         self.new_nodes = []
-        self.tensor_is_fp16: dict[str, bool] = {v.name: False for v in model.graph.input}
+        self.tensor_is_fp16: dict[str, bool] = {v.name: v.name in spec.fp16_io for v in model.graph.input}
+        for v in model.graph.input:
+            if v.name in spec.fp16_io:
+                v.type.tensor_type.elem_type = FLOAT16
 
     def cast(self, name: str, to: int) -> str:
         key = (name, to)
@@ -190,20 +196,26 @@ class _Converter:
         return self.model
 
     def restore_outputs(self, nodes):
-        """Graph outputs produced in FP16 get a final Cast back to FP32 under their own name."""
+        """Graph outputs get a final Cast to their type under their own name where the computed
+        type differs: FP32, or FP16 for those in `fp16_io`."""
         for out in self.model.graph.output:
-            if not self.tensor_is_fp16.get(out.name):
+            want_fp16 = out.name in self.fp16_io
+            if want_fp16:
+                out.type.tensor_type.elem_type = FLOAT16
+            if out.name not in self.floats or self.tensor_is_fp16.get(out.name, False) == want_fp16:
                 continue
-            raw = out.name + "__fp16"
+            raw = out.name + ("__fp32" if want_fp16 else "__fp16")
             for n in nodes:
                 n.input[:] = [raw if x == out.name else x for x in n.input]
                 n.output[:] = [raw if x == out.name else x for x in n.output]
-            self.new_nodes.append(self.onnx.helper.make_node("Cast", [raw], [out.name], to=FLOAT,
-                                                             name=f"{out.name}_to_fp32"))
+            to, suffix = (FLOAT16, "fp16") if want_fp16 else (FLOAT, "fp32")
+            self.new_nodes.append(self.onnx.helper.make_node("Cast", [raw], [out.name], to=to,
+                                                             name=f"{out.name}_to_{suffix}"))
 
 
 def fp16_model(model, spec: Fp16Spec = Fp16Spec()):
-    """Returns an FP16-typed copy of an FP32 onnx.ModelProto (inputs/outputs keep their types)."""
+    """Returns an FP16-typed copy of an FP32 onnx.ModelProto (inputs/outputs keep their types but
+    for `spec.fp16_io`)."""
     import onnx
 
     inferred = onnx.shape_inference.infer_shapes(model)

@@ -1,0 +1,269 @@
+"""Causal-LM checkpoint -> verified FP32 ONNX with a KV cache (the graph `generate` steps through).
+
+    from trt_seer.export.families import resolve_model
+    from trt_seer.export.decoder import onnx_from_decoder
+    onnx_from_decoder(resolve_model("my-llama/"), Path("engines/my-llama.fp32.onnx"))
+
+I/O (the names Optimum and onnxruntime-genai use): input_ids, attention_mask [batch, past+seq],
+position_ids, past_key_values.{i}.key/value [batch, kv_heads, past, head_dim] in; logits of the
+last position [batch, 1, vocab] and present.{i}.key/value [batch, kv_heads, past+seq, head_dim] out.
+Grouped-query attention keeps its kv_heads. The cache is a transformers DynamicCache built from the
+past tensors inside the traced forward, so the model's own attention and mask code is exported.
+Verified with ONNX Runtime against PyTorch at shapes other than the traced one, with past lengths
+0 and > 0 and left padding.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trt_seer.errors import ExportMismatchError
+from trt_seer.export import onnxio
+from trt_seer.export.families import ModelInfo, decoder_io, num_layers
+
+TRACE_CASE = (2, 5, 3)  # (batch, seq, past_seq) used for tracing; no axis of size 0 or 1
+VERIFY_CASES = ((3, 7, 0), (2, 1, 9), (1, 4, 6), (4, 1, 0))  # prefill, decode, chunked prefill
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model")
+VOCAB_FILES = {"tokenizer.json", "vocab.json", "tokenizer.model"}  # without one there is no tokenizer
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """What the cache of one checkpoint looks like."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+
+
+def decoder_shape(config: dict) -> DecoderShape:
+    heads = int(config.get("num_attention_heads") or config["n_head"])
+    hidden = int(config.get("hidden_size") or config["n_embd"])
+    return DecoderShape(num_layers(config), int(config.get("num_key_value_heads") or heads),
+                        int(config.get("head_dim") or hidden // heads), int(config["vocab_size"]))
+
+
+def load_decoder(info: ModelInfo):
+    """The checkpoint as an eval-mode FP32 causal LM with eager attention (plain MatMul/Softmax
+    in the graph; fully padded rows stay finite)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(info.path), dtype=torch.float32, attn_implementation="eager")
+    return model.eval()
+
+
+def wrap_decoder(model, shape: DecoderShape):
+    """forward(input_ids, attention_mask, position_ids, *past) -> (logits[:, -1:], *presents)."""
+    import torch
+    from transformers import DynamicCache
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):
+            input_ids, attention_mask, position_ids, past = args[0], args[1], args[2], args[3:]
+            pairs = [(past[2 * i], past[2 * i + 1]) for i in range(shape.num_layers)]
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             cache=DynamicCache(ddp_cache_data=pairs), use_cache=True, logits_to_keep=1)
+            presents = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+            return (out.logits, *presents)  # (batch, 1, vocab), (batch, kv_heads, past+seq, head_dim)...
+
+    return Step().eval()
+
+
+def position_ids(mask: np.ndarray, seq: int) -> np.ndarray:
+    """Positions of the last `seq` tokens, counting real tokens only (left padding safe)."""
+    return np.clip(np.cumsum(mask, axis=1) - 1, 0, None)[:, -seq:].astype(np.int64)
+
+
+def sample_feeds(shape: DecoderShape, batch: int, seq: int, past: int, seed: int = 0,
+                 pad_id: int = 0, kv_dtype=np.float32) -> dict[str, np.ndarray]:
+    """Random ids and cache; from batch 2 the last row is left-padded (over the past when there is one)."""
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, past + seq), dtype=np.int64)
+    if batch >= 2:
+        mask[-1, :max(1, (past + seq) // 3)] = 0
+    ids = rng.integers(3, max(4, shape.vocab_size), size=(batch, seq), dtype=np.int64)
+    ids[mask[:, past:] == 0] = pad_id
+    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask, seq)}
+    inputs, _ = decoder_io(shape.num_layers)
+    kv = (batch, shape.num_kv_heads, past, shape.head_dim)
+    feeds.update({name: rng.standard_normal(kv).astype(kv_dtype) for name in inputs[3:]})
+    return feeds
+
+
+def _dynamic_shapes(shape: DecoderShape):
+    from torch.export import Dim
+
+    batch, seq = Dim("batch", min=1, max=4096), Dim("seq", min=1, max=32768)
+    past, total = Dim("past_seq", min=0, max=32768), Dim("total_seq", min=1, max=65536)
+    kv = [{0: batch, 2: past} for _ in range(2 * shape.num_layers)]
+    return (({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq}, *kv),)  # forward(*args)
+
+
+def _export(step, shape: DecoderShape, dest: Path) -> None:
+    import torch
+
+    feeds = sample_feeds(shape, *TRACE_CASE, seed=1)
+    args = tuple(torch.from_numpy(v) for v in feeds.values())
+    inputs, outputs = decoder_io(shape.num_layers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        program = torch.onnx.export(step, args, input_names=list(inputs), output_names=list(outputs),
+                                    dynamic_shapes=_dynamic_shapes(shape), dynamo=True, opset_version=18,
+                                    verbose=False)
+    large = sum(p.numel() * p.element_size() for p in step.parameters()) > onnxio.EXTERNAL_DATA_THRESHOLD
+    with onnxio.staged(dest) as tmp:
+        program.save(str(tmp), external_data=large)
+
+
+def defined(name: str, value: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Logits (every row ends with a real token) or the cache at unmasked positions only."""
+    if name == "logits":
+        return value
+    return value.transpose(0, 2, 1, 3)[mask.astype(bool)]  # (unmasked positions, kv_heads, head_dim)
+
+
+def _run_torch(step, feeds: dict) -> list[np.ndarray]:
+    import torch
+
+    with torch.inference_mode():
+        return [t.float().numpy() for t in step(*(torch.from_numpy(v) for v in feeds.values()))]
+
+
+def verify_decoder(step, shape: DecoderShape, onnx_path: Path, name: str, tol) -> dict:
+    """ONNX Runtime vs PyTorch at VERIFY_CASES; ExportMismatchError above `tol` (a checkpoint.Tolerance).
+
+    Returns {"cases": [[batch, seq, past], ...], "outputs": {"logits"|"present": {max_abs_diff, allowed}}}."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    _, outputs = decoder_io(shape.num_layers)
+    report = {"cases": [list(c) for c in VERIFY_CASES], "outputs": {}}
+    for i, (batch, seq, past) in enumerate(VERIFY_CASES):
+        feeds = sample_feeds(shape, batch, seq, past, seed=10 + i)
+        got, ref = session.run(list(outputs), feeds), _run_torch(step, feeds)
+        for out, g, r in zip(outputs, got, ref):
+            where = f"{out} at batch={batch} seq={seq} past={past}"
+            if g.shape != r.shape:
+                raise ExportMismatchError(f"ONNX output {where} has shape {g.shape}, PyTorch {r.shape}")
+            g, r = defined(out, g, feeds["attention_mask"]), defined(out, r, feeds["attention_mask"])
+            delta = float(np.max(np.abs(g.astype(np.float64) - r)))
+            allowed = tol.atol + tol.rtol * float(np.max(np.abs(r)))
+            if not delta <= allowed:  # also catches NaN
+                raise ExportMismatchError(f"ONNX export of {name} disagrees with PyTorch on {where}: "
+                                          f"max |Δ| {delta:.3g} > {allowed:.3g}")
+            key = "logits" if out == "logits" else "present"
+            prev = report["outputs"].get(key)
+            if prev is None or delta * prev["allowed"] >= prev["max_abs_diff"] * allowed:
+                report["outputs"][key] = {"max_abs_diff": delta, "allowed": allowed}
+    return report
+
+
+def onnx_from_decoder(info: ModelInfo, dest: Path, tol=None) -> dict:
+    """Exports `info`'s causal LM with a KV cache to `dest` and verifies it; returns the report."""
+    from trt_seer.export.checkpoint import Tolerance
+
+    tol = tol or Tolerance()
+    shape = decoder_shape(info.config)
+    step = wrap_decoder(load_decoder(info), shape)
+    _export(step, shape, dest)
+    try:
+        return verify_decoder(step, shape, dest, info.name, tol)
+    except ExportMismatchError:
+        dest.unlink(missing_ok=True)
+        onnxio.data_path(dest).unlink(missing_ok=True)
+        raise
+
+
+def _generation_ids(info: ModelInfo) -> tuple[int | list[int] | None, int | None]:
+    """(eos_token_id, pad_token_id): generation_config.json's when present, else config.json's."""
+    import json
+
+    gen = Path(info.path) / "generation_config.json"
+    merged = {**info.config, **(json.loads(gen.read_text()) if gen.is_file() else {})}
+    eos = merged.get("eos_token_id")
+    pad = merged.get("pad_token_id")
+    first_eos = eos[0] if isinstance(eos, list) and eos else eos
+    return eos, pad if pad is not None else first_eos
+
+
+def copy_tokenizer(checkpoint: Path, dest: Path) -> bool:
+    """Copies the checkpoint's tokenizer files into directory `dest` (replaced whole); False if none."""
+    import os
+    import tempfile
+
+    found = [Path(checkpoint) / f for f in TOKENIZER_FILES if (Path(checkpoint) / f).is_file()]
+    if not {f.name for f in found} & VOCAB_FILES:
+        return False
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    for f in found:
+        shutil.copy2(f, tmp / f.name)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return True
+
+
+def decoder_section(info: ModelInfo, artifact: Path, kv_dtype: str = "float32", max_batch: int = 32) -> dict:
+    """The record's `decoder` section; copies the tokenizer to `<out>/<name>.tokenizer/`."""
+    from trt_seer.export.families import max_positions
+
+    shape = decoder_shape(info.config)
+    eos, pad = _generation_ids(info)
+    max_total = max_positions(info) or 32768
+    tok_dir = Path(artifact).with_name(f"{info.name}.tokenizer")
+    has_tokenizer = copy_tokenizer(info.path, tok_dir)
+    return {"num_layers": shape.num_layers, "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
+            "kv_dtype": kv_dtype, "vocab_size": shape.vocab_size, "eos_token_id": eos, "pad_token_id": pad,
+            "max_batch": max_batch, "max_prompt": max_total - 1, "max_total": max_total,
+            "tokenizer": tok_dir.name if has_tokenizer else None}
+
+
+def _session_steps(session, shape: DecoderShape, prompt: dict, kv_dtype, steps: int,
+                   forced: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(logits [steps, batch, vocab], tokens [batch, steps]) of a prefill and decode steps, each fed
+    the token in `forced` or, without it, the graph's own greedy choice."""
+    inputs, outputs = decoder_io(shape.num_layers)
+    feeds = {k: (v.astype(kv_dtype) if k.startswith("past_") else v) for k, v in prompt.items()}
+    logits, tokens = [], []
+    for t in range(steps):
+        out = session.run(list(outputs), feeds)
+        logits.append(out[0][:, -1].astype(np.float32))  # (batch, vocab)
+        tokens.append(np.argmax(logits[-1], axis=-1) if forced is None else forced[:, t])
+        mask = np.concatenate([feeds["attention_mask"], np.ones_like(feeds["attention_mask"][:, :1])], axis=1)
+        feeds = {"input_ids": tokens[-1][:, None].astype(np.int64), "attention_mask": mask,
+                 "position_ids": position_ids(mask, 1), **dict(zip(inputs[3:], out[1:]))}
+    return np.stack(logits), np.stack(tokens, axis=1)
+
+
+def compare_decoders(ref_path: Path, cand_path: Path, config: dict, kv_dtype=np.float16,
+                     batch: int = 4, prompt: int = 12, steps: int = 16) -> dict:
+    """A reduced-precision decoder against the FP32 one, each on its own cache: a left-padded
+    prefill, then decode steps fed the reference's greedy tokens. Returns {"top1_agreement",
+    "max_abs_diff", "logits_rms_error"} over every step's next-token logits."""
+    import onnxruntime as ort
+
+    shape = decoder_shape(config)
+    feeds = sample_feeds(shape, batch, prompt, 0, seed=3, pad_id=int(config.get("pad_token_id") or 0))
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    ref_s, cand_s = (ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
+                     for p in (ref_path, cand_path))
+    ref, tokens = _session_steps(ref_s, shape, feeds, np.float32, steps)
+    cand, _ = _session_steps(cand_s, shape, feeds, kv_dtype, steps, forced=tokens)
+    return {"top1_agreement": float(np.mean(ref.argmax(-1) == cand.argmax(-1))),
+            "max_abs_diff": float(np.max(np.abs(ref - cand))),
+            "logits_rms_error": float(np.sqrt(np.mean((ref - cand) ** 2)))}
