@@ -27,7 +27,6 @@ from trt_seer.quantize.weightonly import WeightOnlySpec
 
 log = logging.getLogger(__name__)
 GATE_ROWS, GATE_LENGTH = 16, 64  # held-out rows x tokens, teacher-forced
-MEASURED_ON = "ONNX Runtime CPU, teacher-forced through the graph's decode path, vs the FP16 graph"
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,8 @@ def weight_only_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, args,
         log.info("int%d ONNX up to date: %s", bits, dest)
         return record
     extra = quantize_and_gate(info, art, args, spec, gate)
-    return pipeline.write_record(dest, {**pipeline.inherit(fp32), "precision": f"int{bits}", "key": key,
+    inherited = {**pipeline.inherit(fp16), **({"decoder": fp16["decoder"]} if "decoder" in fp16 else {})}
+    return pipeline.write_record(dest, {**inherited, "precision": f"int{bits}", "key": key,
                                         "fp32_sha256": fp32["sha256"], "fp16_sha256": fp16["sha256"], **extra})
 
 
@@ -122,6 +122,17 @@ def awq_scales(fp32_path: Path, fp16_model, targets: list, batches: list[dict], 
                        "rel_error": float(np.sqrt(c.error / max(c.ref_energy, 1e-30))),
                        "rtn_rel_error": float(np.sqrt(c.rtn_error / max(c.ref_energy, 1e-30)))})
     return scales, report
+
+
+def _measured_on(path: Path) -> str:
+    import onnxruntime
+
+    from trt_seer.eval.evaluate import session
+    from trt_seer.eval.teacher import PAST
+
+    stepped = any(i.name.startswith(PAST) for i in session(path).get_inputs())
+    how = "one token per step through the KV cache" if stepped else "all positions per pass (no KV cache)"
+    return f"ONNX Runtime {onnxruntime.__version__} CPU, teacher-forced, {how}, against the FP16 graph"
 
 
 def _write(fp16_path: Path, dest: Path, spec: WeightOnlySpec, scales: dict, exclude: frozenset) -> int:
@@ -170,6 +181,6 @@ def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, spec: Weig
                 "fp16_k_not_multiple_of_block": unfit, "lm_head": head if spec.lm_head else None,
                 "lm_head_fp16": None if spec.lm_head else head, "awq": awq_report},
             "calibration": {"data": args.calib or "calib/default.txt", "batches": len(cd.calib)},
-            "accuracy": {"onnx_vs_fp16": metrics, "measured_on": MEASURED_ON,
+            "accuracy": {"onnx_vs_fp16": metrics, "measured_on": _measured_on(fp16_path),
                          "gate": {"passed": True, "thresholds": gate.__dict__,
                                   "table": [[r[0], r[1], not r[2]] for r in table_rows]}}}
