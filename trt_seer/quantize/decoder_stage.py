@@ -147,6 +147,8 @@ def _write(fp16_path: Path, dest: Path, spec: WeightOnlySpec, scales: dict, excl
 
 
 def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, spec: WeightOnlySpec, gate: DecoderGate) -> dict:
+    """Writes `<name>.int{bits}.onnx` with the fewest GEMMs in FP16 that pass `gate`; returns the
+    record's quantization, calibration and accuracy sections. AccuracyGateError (exit 1) if none does."""
     from trt_seer.eval import teacher
     from trt_seer.quantize import weightonly
 
@@ -154,7 +156,6 @@ def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, spec: Weig
     cd = int8.load_calib_data(info, args, ShapeProfile(tuple(args.batch), tuple(args.seq)))
     model16 = onnxio.load(fp16_path)
     targets = weightonly.find_targets(model16, spec)
-    unfit = weightonly.unfit_int4(model16, spec) if spec.bits == 4 else []
     scales, awq_report = {}, None
     if _uses_awq(args, spec.bits):
         log.info("searching AWQ scales for %d GEMMs ...", len(targets))
@@ -162,25 +163,32 @@ def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, spec: Weig
     rows = _teacher_rows(info, cd)
     log.info("teacher-forcing %d held-out rows of %d tokens through the FP16 graph ...", *rows.shape)
     ref = teacher.teacher_forced_logits(fp16_path, rows)
-    nodes = [t.node for t in targets]
     excluded, metrics, fails, table_rows = int8._gated(
         lambda ex: _write(fp16_path, dest, spec, scales, ex),
         lambda: teacher.lm_metrics(ref, teacher.teacher_forced_logits(dest, rows), rows), gate, info.task,
-        lambda: int8._rank(fp16_path, dest, _prefill(fp16_path, cd.heldout[:4]), nodes), f"INT{spec.bits}")
+        lambda: int8._rank(fp16_path, dest, _prefill(fp16_path, cd.heldout[:4]), [t.node for t in targets]),
+        f"INT{spec.bits}")
     table = int8._gate_table(table_rows, f"INT{spec.bits}")
     log.info("INT%d accuracy vs FP16 on %d held-out tokens:\n%s", spec.bits, metrics["samples"], table)
     if fails:
         dest.unlink(missing_ok=True)
         raise AccuracyGateError(f"INT{spec.bits} cannot pass the accuracy gate even with every layer in FP16 ("
                                 + "; ".join(fails) + ")\n" + table)
-    head = weightonly.lm_head(model16)
-    return {"quantization": {
-                "mode": "weight-only", "bits": spec.bits, "block_size": spec.block_size if spec.bits == 4 else None,
-                "granularity": "per-output-channel" if spec.bits == 8 else f"blocks of {spec.block_size} input channels",
-                "quantized_gemms": len(targets) - len(excluded), "fp16_gemms": sorted(excluded),
-                "fp16_k_not_multiple_of_block": unfit, "lm_head": head if spec.lm_head else None,
-                "lm_head_fp16": None if spec.lm_head else head, "awq": awq_report},
+    return {"quantization": _quantization(model16, spec, len(targets), excluded, awq_report),
             "calibration": {"data": args.calib or "calib/default.txt", "batches": len(cd.calib)},
             "accuracy": {"onnx_vs_fp16": metrics, "measured_on": _measured_on(fp16_path),
                          "gate": {"passed": True, "thresholds": gate.__dict__,
                                   "table": [[r[0], r[1], not r[2]] for r in table_rows]}}}
+
+
+def _quantization(model16, spec: WeightOnlySpec, n_targets: int, excluded: frozenset, awq_report) -> dict:
+    """The record's `quantization` section."""
+    from trt_seer.quantize import weightonly
+
+    head = weightonly.lm_head(model16)
+    return {"mode": "weight-only", "bits": spec.bits, "block_size": spec.block_size if spec.bits == 4 else None,
+            "granularity": "per-output-channel" if spec.bits == 8 else f"blocks of {spec.block_size} input channels",
+            "quantized_gemms": n_targets - len(excluded), "fp16_gemms": sorted(excluded),
+            "fp16_k_not_multiple_of_block": weightonly.unfit_int4(model16, spec) if spec.bits == 4 else [],
+            "lm_head": head if spec.lm_head else None, "lm_head_fp16": None if spec.lm_head else head,
+            "awq": awq_report}

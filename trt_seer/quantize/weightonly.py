@@ -167,7 +167,7 @@ class _Writer:
 
     def weight_dq(self, t: Target, spec: WeightOnlySpec, s: np.ndarray | None) -> str:
         """The DQ output that replaces `t.weight` (s: AWQ row scales folded into the weight)."""
-        key = f"{t.weight}|{None if s is None else s.tobytes().hex()[:16]}"
+        key = f"{t.weight}|{t.activation if s is not None else ''}"  # s is one vector per activation
         if key in self.done:
             return self.done[key]
         w = self.weight(t.weight) if s is None else self.weight(t.weight) * s[:, None]
@@ -257,8 +257,8 @@ def _finish(model, w: _Writer) -> None:
 
 def summary(model) -> dict:
     """Counts of DequantizeLinear weights by type, for records and tests."""
-    inits = {t.name: t.data_type for t in model.graph.initializer}
     from onnx import TensorProto
 
+    inits = {t.name: t.data_type for t in model.graph.initializer}
     kinds = [inits.get(n.input[0]) for n in model.graph.node if n.op_type == "DequantizeLinear"]
     return {"int8": kinds.count(TensorProto.INT8), "int4": kinds.count(TensorProto.INT4)}
