@@ -81,11 +81,13 @@ def prefill_feeds(sess_inputs, feeds: dict) -> dict:
 
 def teacher_forced_logits(path: Path, rows: np.ndarray, batch: int = 16) -> np.ndarray:
     """(rows, length - 1, vocab) float32: the logits predicting rows[:, 1:] from each prefix."""
+    from tqdm import tqdm
+
     sess = _session(path)
     stepped = any(i.name.startswith(PAST) for i in sess.get_inputs())
     stepper = OrtDecoderStep(path) if stepped else None
     out = []
-    for start in range(0, len(rows), batch):
+    for start in tqdm(range(0, len(rows), batch), desc=f"teacher-force {Path(path).name}", unit="batch", leave=False):
         ids = rows[start:start + batch]
         out.append(_stepped(stepper, ids) if stepped else _full(sess, ids))
     return np.concatenate(out)
