@@ -210,3 +210,36 @@ def test_int4_needs_a_causal_lm(tmp_path):
     ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "bert")
     r = build("--model", str(ckpt), "--int4", *PROFILE, "--out", str(tmp_path / "out"), expect=2)
     assert "--int4 is weight-only quantization for decoding" in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_awq_rewrite_is_exact_up_to_rounding(built):
+    """Scaled weights with 1/s folded into the norms (q/k/v, gate/up) or a Mul (o, down) compute
+    what the unscaled INT8 graph does: the scales only move rounding error around."""
+    import onnxruntime as ort
+
+    from trt_seer.eval.teacher import prefill_feeds
+
+    out = built[0]
+    rng = np.random.default_rng(0)
+    graphs = []
+    for scaled in (False, True):
+        model = onnxio.load(out / "llama.fp16.onnx")
+        spec = wo.WeightOnlySpec(8)
+        targets = wo.find_targets(model, spec)
+        scales = {t.activation: rng.uniform(0.5, 2.0, t.k).astype(np.float32) for t in targets} if scaled else {}
+        wo.weight_only_model(model, targets, spec, scales)
+        graphs.append(ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]))
+    kinds = {n.op_type for n in model.graph.node if n.name.endswith("_awq")}
+    folded = [t for t in model.graph.initializer if t.name.endswith("__awq_folded")]
+    assert kinds == {"Mul"} and len(folded) == 4  # o/down get a Mul; 2 norms per layer take the fold
+    ids = rng.integers(3, 128, size=(2, 12), dtype=np.int64)
+    feeds = prefill_feeds(graphs[0].get_inputs(), {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    plain, scaled = (g.run(["logits"], feeds)[0] for g in graphs)
+    ref = onnxruntime_logits(out / "llama.fp16.onnx", feeds)
+    assert np.abs(scaled - ref).max() < 3 * np.abs(plain - ref).max() + 1e-3
+
+
+def onnxruntime_logits(path, feeds):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
