@@ -102,6 +102,7 @@ def _prefill(path: Path, batches: list[dict]) -> list[dict]:
 def awq_scales(fp32_path: Path, fp16_model, targets: list, batches: list[dict], spec: WeightOnlySpec):
     """{FP16 activation tensor: s} where AWQ beats round-to-nearest, and a per-activation report."""
     from onnx import numpy_helper
+    from tqdm import tqdm
 
     from trt_seer.quantize import awq
 
@@ -113,7 +114,7 @@ def awq_scales(fp32_path: Path, fp16_model, targets: list, batches: list[dict], 
     stats = awq.activation_stats(fp32_path, batches, sorted(set(names.values())))
     inits = {i.name: i for i in fp16_model.graph.initializer}
     scales, report = {}, []
-    for x, group in groups.items():
+    for x, group in tqdm(groups.items(), desc="AWQ scale search", unit="activation"):
         weights = [numpy_helper.to_array(inits[t.weight]).astype(np.float32) for t in group]
         c = awq.search(stats[names[x]], weights, spec)
         if c.alpha > 0:
