@@ -61,25 +61,13 @@ def _parse(flavor, builder, onnx_path: Path):
 
 def _profile(flavor, builder, network, profile: ShapeProfile):
     p = builder.create_optimization_profile()
-    inputs = [network.get_input(i) for i in range(network.num_inputs)]
-    cached = any(len(t.shape) == 4 for t in inputs)
-    for t in inputs:
-        if len(t.shape) not in (2, 4) or len(t.shape) == 4 and not t.name.startswith("past_key_values."):
-            raise BuildError(f"input {t.name} has rank {len(t.shape)}; profiles cover (batch, seq) inputs "
-                             "and a decoder's past_key_values")
-        p.set_shape(t.name, *(_decoder_shapes(t, profile) if cached else profile.shapes()))
+    mins, opts, maxs = profile.shapes()
+    for i in range(network.num_inputs):
+        t = network.get_input(i)
+        if len(t.shape) != 2:
+            raise BuildError(f"input {t.name} has rank {len(t.shape)}; profiles cover (batch, seq) inputs")
+        p.set_shape(t.name, mins, opts, maxs)
     return p
-
-
-def _decoder_shapes(t, profile: ShapeProfile) -> list[tuple]:
-    """(min, opt, max) of a KV-cache decoder input: new tokens 1..seq max (decode steps and
-    prefill), past 0..seq max, attention_mask over both."""
-    b, s = profile.batch, profile.seq
-    if len(t.shape) == 4:  # (batch, kv_heads, past, head_dim)
-        return [(b[i], t.shape[1], (0, s[1], s[2])[i], t.shape[3]) for i in range(3)]
-    if t.name == "attention_mask":  # (batch, past + seq)
-        return [(b[i], (1, s[1] + 1, 2 * s[2])[i]) for i in range(3)]
-    return [(b[i], (1, 1, s[2])[i]) for i in range(3)]  # input_ids, position_ids (batch, seq)
 
 
 def _config(flavor, builder, network, spec: BuildSpec, timing_cache: Path | None):
