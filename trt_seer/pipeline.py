@@ -162,8 +162,12 @@ def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tupl
     current = None if force else up_to_date(engine_path, manifest.engine_manifest_path(engine_path), key)
     if current:
         return current, False
-    extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source", "decoder", "quantization")
-             if k in onnx_record}
+    extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source", "decoder") if k in onnx_record}
+    if "decoder" in extra:  # the engine's limits are its profile's (engine.build.decoder_shapes)
+        extra["decoder"] = {**extra["decoder"], "max_batch": spec.profile.batch[2],
+                            "max_prompt": spec.profile.seq[2] - 1, "max_total": spec.profile.seq[2]}
+    if "quantization" in onnx_record:  # weight-only decoders: bits, block size, GEMMs kept FP16
+        extra["quantization"] = onnx_record["quantization"]
     extra["onnx_record"] = manifest.record_path(onnx_path).name
     extra["accuracy"] = onnx_record.get("accuracy", {})
     log.info("building the %s engine with %s ...", spec.precision, trt_adapter.load().name)

@@ -61,13 +61,30 @@ def _parse(flavor, builder, onnx_path: Path):
 
 def _profile(flavor, builder, network, profile: ShapeProfile):
     p = builder.create_optimization_profile()
-    mins, opts, maxs = profile.shapes()
+    names = [network.get_input(i).name for i in range(network.num_inputs)]
+    decoder = any(n.startswith(PAST_PREFIX) for n in names)
     for i in range(network.num_inputs):
         t = network.get_input(i)
+        if decoder:
+            p.set_shape(t.name, *decoder_shapes(t.name, tuple(t.shape), profile))
+            continue
         if len(t.shape) != 2:
             raise BuildError(f"input {t.name} has rank {len(t.shape)}; profiles cover (batch, seq) inputs")
-        p.set_shape(t.name, mins, opts, maxs)
+        p.set_shape(t.name, *profile.shapes())
     return p
+
+
+PAST_PREFIX = "past_key_values."
+
+
+def decoder_shapes(name: str, shape: tuple, profile: ShapeProfile) -> tuple[tuple, tuple, tuple]:
+    """(min, opt, max) of a KV-cache decoder input. The seq range bounds the context (prompt plus
+    generated tokens): a step feeds 1..max tokens on top of a cache of 0..max-1."""
+    (b0, b1, b2), (_, s1, s2) = profile.batch, profile.seq
+    if name.startswith(PAST_PREFIX):  # (batch, kv_heads, past, head_dim)
+        heads, dim = shape[1], shape[3]
+        return (b0, heads, 0, dim), (b1, heads, s1, dim), (b2, heads, s2 - 1, dim)
+    return (b0, 1), (b1, s1), (b2, s2)  # input_ids, position_ids, attention_mask
 
 
 def _config(flavor, builder, network, spec: BuildSpec, timing_cache: Path | None):
