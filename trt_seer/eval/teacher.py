@@ -11,6 +11,7 @@ the deployed decode path; a graph without a cache (all-position logits) is run o
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,32 @@ def _session(path: Path):
     from trt_seer.eval.evaluate import session
 
     return session(path)
+
+
+@dataclass(frozen=True)
+class Arg:
+    """A graph input as ONNX Runtime describes one: name, shape (str for symbolic axes), type."""
+
+    name: str
+    shape: tuple
+    type: str
+
+
+def graph_inputs(path: Path) -> list[Arg]:
+    """The graph's inputs, read without loading weights or starting a session."""
+    from trt_seer.export import onnxio
+
+    types = {1: "tensor(float)", 10: "tensor(float16)", 7: "tensor(int64)"}
+    out = []
+    for v in onnxio.load(path, False).graph.input:
+        t = v.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim)
+        out.append(Arg(v.name, dims, types.get(t.elem_type, str(t.elem_type))))
+    return out
+
+
+def has_cache(path: Path) -> bool:
+    return any(a.name.startswith(PAST) for a in graph_inputs(path))
 
 
 def position_ids(mask: np.ndarray) -> np.ndarray:
@@ -83,13 +110,12 @@ def teacher_forced_logits(path: Path, rows: np.ndarray, batch: int = 16) -> np.n
     """(rows, length - 1, vocab) float32: the logits predicting rows[:, 1:] from each prefix."""
     from tqdm import tqdm
 
-    sess = _session(path)
-    stepped = any(i.name.startswith(PAST) for i in sess.get_inputs())
-    stepper = OrtDecoderStep(path) if stepped else None
+    stepped = has_cache(path)
+    sess = OrtDecoderStep(path) if stepped else _session(path)
     out = []
     for start in tqdm(range(0, len(rows), batch), desc=f"teacher-force {Path(path).name}", unit="batch", leave=False):
         ids = rows[start:start + batch]
-        out.append(_stepped(stepper, ids) if stepped else _full(sess, ids))
+        out.append(_stepped(sess, ids) if stepped else _full(sess, ids))
     return np.concatenate(out)
 
 

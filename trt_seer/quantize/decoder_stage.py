@@ -92,10 +92,9 @@ def _teacher_rows(info: ModelInfo, cd: int8.CalibData) -> np.ndarray:
 
 
 def _prefill(path: Path, batches: list[dict]) -> list[dict]:
-    from trt_seer.eval.evaluate import session
-    from trt_seer.eval.teacher import prefill_feeds
+    from trt_seer.eval.teacher import graph_inputs, prefill_feeds
 
-    inputs = session(path).get_inputs()
+    inputs = graph_inputs(path)
     return [prefill_feeds(inputs, b) for b in batches]
 
 
@@ -128,11 +127,9 @@ def awq_scales(fp32_path: Path, fp16_model, targets: list, batches: list[dict], 
 def _measured_on(path: Path) -> str:
     import onnxruntime
 
-    from trt_seer.eval.evaluate import session
-    from trt_seer.eval.teacher import PAST
+    from trt_seer.eval.teacher import has_cache
 
-    stepped = any(i.name.startswith(PAST) for i in session(path).get_inputs())
-    how = "one token per step through the KV cache" if stepped else "all positions per pass (no KV cache)"
+    how = "one token per step through the KV cache" if has_cache(path) else "all positions per pass (no KV cache)"
     return f"ONNX Runtime {onnxruntime.__version__} CPU, teacher-forced, {how}, against the FP16 graph"
 
 
