@@ -243,3 +243,22 @@ def onnxruntime_logits(path, feeds):
     import onnxruntime as ort
 
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
+
+
+def test_teacher_forcing_through_the_cache_matches_pytorch(built):
+    """The gate's logits: one token per step through the KV cache = PyTorch's full-sequence logits."""
+    import torch
+    import transformers
+
+    from trt_seer.eval.teacher import lm_metrics, teacher_forced_logits
+
+    out, ckpt, *_ = built
+    rows = np.random.default_rng(3).integers(3, 128, size=(3, 10), dtype=np.int64)
+    got = teacher_forced_logits(out / "llama.fp32.onnx", rows, batch=2)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        ref = model(input_ids=torch.from_numpy(rows)).logits[:, :-1].numpy()
+    assert got.shape == ref.shape == (3, 9, 128)
+    np.testing.assert_allclose(got, ref, atol=2e-4, rtol=1e-3)
+    m = lm_metrics(ref, got, rows)
+    assert m["agreement"] == 1.0 and abs(m["ppl_increase"]) < 1e-4 and m["samples"] == 27
