@@ -7,13 +7,18 @@ log = logging.getLogger("trt_seer")
 
 
 def add_parser(subparsers, common):
+    from trt_seer.quantize.weightonly import BLOCK_SIZES  # numpy only
+
     p = subparsers.add_parser("build", help="export, convert and build TensorRT engines",
                               description=__doc__)
     common.add_model_args(p)
-    g = p.add_argument_group("precision (default: --fp16; several may be given; --int8 also builds FP16)")
+    g = p.add_argument_group("precision (default: --fp16; several may be given; --int8/--int4 also build FP16)")
     g.add_argument("--fp32", action="store_true", help="FP32/TF32 engine")
     g.add_argument("--fp16", action="store_true", help="FP16 engine from an FP16-typed graph")
-    g.add_argument("--int8", action="store_true", help="INT8 engine from a calibrated Q/DQ graph")
+    g.add_argument("--int8", action="store_true", help="INT8 engine from a calibrated Q/DQ graph (causal LMs: "
+                   "weight-only, per output channel)")
+    g.add_argument("--int4", action="store_true", help="causal LMs: weight-only INT4 engine (block-wise scales, "
+                   "AWQ), for fast decoding")
     common.add_profile_args(p)
     t = p.add_argument_group("TensorRT")
     t.add_argument("--workspace-mb", type=common.positive_int, default=4096, help="workspace limit (default 4096)")
@@ -43,6 +48,15 @@ def add_parser(subparsers, common):
                    help="where to write TensorRT's calibration.cache (default <out>/calib/<name>/calibration.cache)")
     a.add_argument("--from-cache", metavar="PATH", default=None,
                    help="take activation ranges from an existing TensorRT calibration cache")
+    d = p.add_argument_group("weight-only quantization of causal LMs (--int8, --int4)")
+    d.add_argument("--max-ppl-increase", type=float, default=None, metavar="F",
+                   help="largest held-out perplexity increase vs FP16, as a fraction (default 0.01 INT8, 0.05 INT4)")
+    d.add_argument("--min-agreement", type=float, default=None, metavar="F",
+                   help="least greedy next-token agreement with FP16 (default 0.90 INT8, 0.80 INT4)")
+    d.add_argument("--int4-block", type=int, choices=BLOCK_SIZES, default=128,
+                   help="input channels per INT4 scale (default 128)")
+    d.add_argument("--no-awq", action="store_true", help="INT4 by plain round-to-nearest, without AWQ scales")
+    d.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too (default: FP16)")
     common.add_output_args(p)
     p.add_argument("--force", action="store_true", help="rebuild every stage even when up to date")
     common.add_verbosity(p)
@@ -50,12 +64,16 @@ def add_parser(subparsers, common):
     return p
 
 
+ORDER = ("fp32", "fp16", "int8", "int4")
+
+
 def precisions(args) -> list[str]:
-    """--fp16 when none is given; --int8 brings its FP16 engine along, the baseline INT8 is judged by."""
-    chosen = {p for p in ("fp32", "fp16", "int8") if getattr(args, p)} or {"fp16"}
-    if "int8" in chosen:
+    """--fp16 when none is given; --int8/--int4 bring their FP16 engine along, the baseline they
+    are judged by."""
+    chosen = {p for p in ORDER if getattr(args, p, False)} or {"fp16"}
+    if chosen & {"int8", "int4"}:
         chosen.add("fp16")
-    return [p for p in ("fp32", "fp16", "int8") if p in chosen]
+    return [p for p in ORDER if p in chosen]
 
 
 def build_spec(args, precision: str):
@@ -80,10 +98,7 @@ def run(args) -> int:
     from trt_seer.export.families import check_profile
 
     check_profile(info, specs[0].profile)
-    if "int8" in precisions(args):
-        from trt_seer.quantize import int8
-
-        int8.check_args(args)
+    _check_quantization(info, args)
     out = ensure_out_dir(args.out)
     flavor = trt.load()
     for spec in specs:
@@ -94,9 +109,25 @@ def run(args) -> int:
         onnx_record = _onnx_for(spec.precision, info, art, fp32, args)
         manifest_data, rebuilt = pipeline.engine(onnx_record, art, spec, args.force)
         _report(art, spec.precision, manifest_data, rebuilt)
-    if "int8" in precisions(args):
+    if "int8" in precisions(args) and info.task != "causal-lm":
         _int8_benefit(art)
     return 0
+
+
+def _check_quantization(info, args) -> None:
+    """Fails fast, before any export, on options that cannot apply to this model."""
+    from trt_seer.errors import UnsupportedError
+
+    chosen = precisions(args)
+    if "int4" in chosen and info.task != "causal-lm":
+        raise UnsupportedError(f"--int4 is weight-only quantization for decoding; {info.name} is {info.task}, "
+                               "use --int8")
+    if "int8" in chosen and info.task == "causal-lm" and args.int8_mode == "w8a8":
+        raise UnsupportedError("causal LMs get weight-only INT8 (what pays when decoding); drop --int8-mode w8a8")
+    if chosen[-1] in ("int8", "int4"):
+        from trt_seer.quantize import int8
+
+        int8.check_args(args)
 
 
 def _int8_benefit(art) -> None:
@@ -122,6 +153,10 @@ def _onnx_for(precision: str, info, art, fp32: dict, args) -> dict:
         return fp32
     if precision == "fp16":
         return pipeline.fp16_onnx(info, art, fp32, args.force)
+    if info.task == "causal-lm":
+        from trt_seer.quantize import decoder_stage
+
+        return decoder_stage.weight_only_onnx(info, art, fp32, args, int(precision[3:]))
     from trt_seer.quantize import int8
 
     return int8.int8_onnx(info, art, fp32, args)

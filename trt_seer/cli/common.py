@@ -10,7 +10,7 @@ from pathlib import Path
 from trt_seer.errors import InputError
 from trt_seer.export.families import TASKS
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
 
 
 def int_triple(text: str) -> tuple[int, int, int]:

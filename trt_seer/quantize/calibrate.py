@@ -192,25 +192,32 @@ def collect_ranges(onnx_path: Path, batches: Iterable[Mapping[str, np.ndarray]],
         spec: threshold method and histogram size.
         progress: show a tqdm bar over batches.
     """
-    from tqdm import tqdm
-
     hists = {name: Histogram(spec.num_bins) for name in tensor_names}
-    with tempfile.TemporaryDirectory(prefix="trt_seer_calib_") as tmp:
-        session, inputs = _session_with_outputs(Path(onnx_path), tensor_names, Path(tmp))
-        outputs = [n for n in dict.fromkeys(tensor_names) if n not in inputs]
-        seen = 0
-        total = len(batches) if hasattr(batches, "__len__") else None
-        for batch in tqdm(batches, total=total, desc="calibrate", unit="batch", disable=not progress):
-            feed = _feed(batch, inputs)
-            for name, value in zip(outputs, session.run(outputs, feed)):
-                hists[name].update(value)
-            for name in hists:
-                if name in feed:
-                    hists[name].update(feed[name])
-            seen += 1
+    seen = 0
+    for _, values in tensor_batches(onnx_path, batches, tensor_names, progress=progress):
+        for name, value in values.items():
+            hists[name].update(value)
+        seen += 1
     if seen == 0:
         raise InputError("no calibration batches; pass at least one batch of model inputs")
     return {name: amax_from_histogram(h, spec) for name, h in hists.items()}
+
+
+def tensor_batches(onnx_path: Path, batches: Iterable[Mapping[str, np.ndarray]], tensor_names: list[str], *,
+                   progress: bool = True, desc: str = "calibrate"):
+    """Yields (feed, {tensor name: value}) per batch: ONNX Runtime (CPU) on a copy of the model whose
+    outputs include `tensor_names` (graph inputs are taken from the feed)."""
+    from tqdm import tqdm
+
+    with tempfile.TemporaryDirectory(prefix="trt_seer_calib_") as tmp:
+        session, inputs = _session_with_outputs(Path(onnx_path), tensor_names, Path(tmp))
+        outputs = [n for n in dict.fromkeys(tensor_names) if n not in inputs]
+        total = len(batches) if hasattr(batches, "__len__") else None
+        for batch in tqdm(batches, total=total, desc=desc, unit="batch", disable=not progress):
+            feed = _feed(batch, inputs)
+            values = dict(zip(outputs, session.run(outputs, feed)))
+            values.update({n: feed[n] for n in tensor_names if n in feed})
+            yield feed, values
 
 
 def _session_with_outputs(onnx_path: Path, tensor_names: list[str], tmp: Path):

@@ -177,9 +177,9 @@ def _quantized(fp16_path: Path, dest: Path, amax_by_input: dict, exclude: frozen
     return len(targets)
 
 
-def _gate_table(rows: list[tuple[str, dict, list[str]]]) -> str:
+def _gate_table(rows: list[tuple[str, dict, list[str]]], label: str = "INT8") -> str:
     keys = [k for k in rows[0][1] if k != "samples"]
-    lines = ["  " + " | ".join(["layers kept out of INT8".ljust(26), *(k.rjust(12) for k in keys), "gate"])]
+    lines = ["  " + " | ".join([f"layers kept out of {label}".ljust(26), *(k.rjust(12) for k in keys), "gate"])]
     for label, m, fails in rows:
         vals = [f"{m[k]:12.5f}" for k in keys]
         lines.append("  " + " | ".join([label.ljust(26), *vals, "pass" if not fails else "FAIL"]))
@@ -230,7 +230,7 @@ def _key(fp32: dict, fp16: dict, args, gate: Gate) -> str:
     })
 
 
-def _gated(write, evaluate, gate: Gate, task: str, rank) -> tuple[frozenset, dict, list, list]:
+def _gated(write, evaluate, gate, task: str, rank, label: str = "INT8") -> tuple[frozenset, dict, list, list]:
     """Writes the artifact with every layer in INT8; while the gate fails, takes the layers `rank()`
     orders by added error out of INT8, 1, 2, 4, ... of them. Returns (excluded, metrics, fails, rows)."""
     excluded = frozenset()
@@ -240,7 +240,7 @@ def _gated(write, evaluate, gate: Gate, task: str, rank) -> tuple[frozenset, dic
     rows = [("none", metrics, fails)]
     if not fails:
         return excluded, metrics, fails, rows
-    log.info("INT8 misses the gate (%s); measuring per-layer sensitivity ...", "; ".join(fails))
+    log.info("%s misses the gate (%s); measuring per-layer sensitivity ...", label, "; ".join(fails))
     order, k = rank(), 1
     while fails and len(excluded) < len(order):
         excluded = frozenset(order[:min(k, len(order))])

@@ -1,0 +1,192 @@
+"""The weight-only stage of `build --int8` / `build --int4` for causal LMs.
+
+    FP16 ONNX --(weightonly.py, AWQ scales for INT4 from calibration activations)--> Q/DQ ONNX
+    gate: held-out perplexity increase and greedy next-token agreement against the FP16 graph,
+    teacher-forced step by step through the KV cache (eval/teacher.py); on failure the GEMMs that
+    add the most error go back to FP16 (int8.py's fallback loop) until it passes, or exit 1.
+
+Record (`<name>.int8.onnx.json` / `.int4.onnx.json`): `quantization` (bits, block size, AWQ alphas,
+GEMMs kept FP16 and why) and `accuracy` (gate metrics, thresholds, table, `measured_on`).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trt_seer import __version__, pipeline
+from trt_seer.engine import manifest
+from trt_seer.errors import AccuracyGateError
+from trt_seer.export import onnxio
+from trt_seer.export.families import ModelInfo, ShapeProfile, max_positions
+from trt_seer.files import sha256_json
+from trt_seer.quantize import int8
+from trt_seer.quantize.weightonly import WeightOnlySpec
+
+log = logging.getLogger(__name__)
+GATE_ROWS, GATE_LENGTH = 16, 64  # held-out rows x tokens, teacher-forced
+
+
+@dataclass(frozen=True)
+class DecoderGate:
+    """Defaults by bits: INT8 <= 1% perplexity increase and >= 90% agreement, INT4 <= 5% and >= 80%
+    (docs/DESIGN.md has the measurements behind them)."""
+
+    max_ppl_increase: float
+    min_agreement: float
+
+    @classmethod
+    def for_bits(cls, bits: int, max_ppl_increase: float | None, min_agreement: float | None) -> "DecoderGate":
+        ppl, agree = (0.01, 0.90) if bits == 8 else (0.05, 0.80)
+        return cls(ppl if max_ppl_increase is None else max_ppl_increase,
+                   agree if min_agreement is None else min_agreement)
+
+    def check(self, task: str, m: dict) -> list[str]:
+        fails = []
+        if not m["ppl_increase"] <= self.max_ppl_increase:
+            fails.append(f"perplexity +{100 * m['ppl_increase']:.2f}% > +{100 * self.max_ppl_increase:.2f}%")
+        if not m["agreement"] >= self.min_agreement:
+            fails.append(f"next-token agreement {m['agreement']:.4f} < {self.min_agreement}")
+        return fails
+
+
+def spec_from_args(args, bits: int) -> WeightOnlySpec:
+    return WeightOnlySpec(bits, getattr(args, "int4_block", 128), getattr(args, "quantize_lm_head", False))
+
+
+def _uses_awq(args, bits: int) -> bool:
+    return bits == 4 and not getattr(args, "no_awq", False)
+
+
+def _key(fp16: dict, args, spec: WeightOnlySpec, gate: DecoderGate) -> str:
+    return sha256_json({"fp16": fp16["sha256"], "data": int8.data_fingerprint(args), "bits": spec.bits,
+                        "block": spec.block_size, "head": spec.lm_head, "awq": _uses_awq(args, spec.bits),
+                        "samples": args.calib_samples, "batch": args.calib_batch,
+                        "profile": [list(args.batch), list(args.seq)], "gate": [gate.max_ppl_increase, gate.min_agreement],
+                        "rows": [GATE_ROWS, GATE_LENGTH], "trt_seer": __version__})
+
+
+def weight_only_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, args, bits: int) -> dict:
+    """Builds (or reuses) the gated weight-only ONNX `<name>.int{bits}.onnx`; returns its record."""
+    fp16 = pipeline.fp16_onnx(info, art, fp32, args.force)
+    spec = spec_from_args(args, bits)
+    gate = DecoderGate.for_bits(bits, getattr(args, "max_ppl_increase", None), getattr(args, "min_agreement", None))
+    dest, key = art.path(f"int{bits}.onnx"), _key(fp16, args, spec, gate)
+    record = None if args.force else pipeline.up_to_date(dest, manifest.record_path(dest), key)
+    if record:
+        log.info("int%d ONNX up to date: %s", bits, dest)
+        return record
+    extra = quantize_and_gate(info, art, args, spec, gate)
+    inherited = {**pipeline.inherit(fp16), **({"decoder": fp16["decoder"]} if "decoder" in fp16 else {})}
+    return pipeline.write_record(dest, {**inherited, "precision": f"int{bits}", "key": key,
+                                        "fp32_sha256": fp32["sha256"], "fp16_sha256": fp16["sha256"], **extra})
+
+
+def _teacher_rows(info: ModelInfo, cd: int8.CalibData) -> np.ndarray:
+    from trt_seer.eval.teacher import token_rows
+
+    length = min(GATE_LENGTH, max_positions(info) or GATE_LENGTH)
+    return token_rows(cd.heldout, length, GATE_ROWS)
+
+
+def _prefill(path: Path, batches: list[dict]) -> list[dict]:
+    from trt_seer.eval.teacher import graph_inputs, prefill_feeds
+
+    inputs = graph_inputs(path)
+    return [prefill_feeds(inputs, b) for b in batches]
+
+
+def awq_scales(fp32_path: Path, fp16_model, targets: list, batches: list[dict], spec: WeightOnlySpec):
+    """{FP16 activation tensor: s} where AWQ beats round-to-nearest, and a per-activation report."""
+    from onnx import numpy_helper
+    from tqdm import tqdm
+
+    from trt_seer.quantize import awq
+
+    fp32_nodes = {n.name: n for n in onnxio.load(fp32_path, False).graph.node}
+    groups: dict[str, list] = {}
+    for t in targets:
+        groups.setdefault(t.activation, []).append(t)
+    names = {x: fp32_nodes[g[0].node].input[0] for x, g in groups.items()}
+    stats = awq.activation_stats(fp32_path, batches, sorted(set(names.values())))
+    inits = {i.name: i for i in fp16_model.graph.initializer}
+    scales, report = {}, []
+    for x, group in tqdm(groups.items(), desc="AWQ scale search", unit="activation"):
+        weights = [numpy_helper.to_array(inits[t.weight]).astype(np.float32) for t in group]
+        c = awq.search(stats[names[x]], weights, spec)
+        if c.alpha > 0:
+            scales[x] = c.s
+        report.append({"gemms": [t.node for t in group], "alpha": c.alpha,
+                       "rel_error": float(np.sqrt(c.error / max(c.ref_energy, 1e-30))),
+                       "rtn_rel_error": float(np.sqrt(c.rtn_error / max(c.ref_energy, 1e-30)))})
+    return scales, report
+
+
+def _measured_on(path: Path) -> str:
+    import onnxruntime
+
+    from trt_seer.eval.teacher import has_cache
+
+    how = "one token per step through the KV cache" if has_cache(path) else "all positions per pass (no KV cache)"
+    return f"ONNX Runtime {onnxruntime.__version__} CPU, teacher-forced, {how}, against the FP16 graph"
+
+
+def _write(fp16_path: Path, dest: Path, spec: WeightOnlySpec, scales: dict, exclude: frozenset) -> int:
+    from trt_seer.quantize import weightonly
+
+    model = onnxio.load(fp16_path)
+    s = WeightOnlySpec(spec.bits, spec.block_size, spec.lm_head, exclude)
+    targets = weightonly.find_targets(model, s)
+    weightonly.weight_only_model(model, targets, s, scales)
+    onnxio.save(model, dest)
+    return len(targets)
+
+
+def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, spec: WeightOnlySpec, gate: DecoderGate) -> dict:
+    """Writes `<name>.int{bits}.onnx` with the fewest GEMMs in FP16 that pass `gate`; returns the
+    record's quantization, calibration and accuracy sections. AccuracyGateError (exit 1) if none does."""
+    from trt_seer.eval import teacher
+    from trt_seer.quantize import weightonly
+
+    fp32_path, fp16_path, dest = art.path("fp32.onnx"), art.path("fp16.onnx"), art.path(f"int{spec.bits}.onnx")
+    cd = int8.load_calib_data(info, args, ShapeProfile(tuple(args.batch), tuple(args.seq)))
+    model16 = onnxio.load(fp16_path)
+    targets = weightonly.find_targets(model16, spec)
+    scales, awq_report = {}, None
+    if _uses_awq(args, spec.bits):
+        log.info("searching AWQ scales for %d GEMMs ...", len(targets))
+        scales, awq_report = awq_scales(fp32_path, model16, targets, _prefill(fp32_path, cd.calib), spec)
+    rows = _teacher_rows(info, cd)
+    log.info("teacher-forcing %d held-out rows of %d tokens through the FP16 graph ...", *rows.shape)
+    ref = teacher.teacher_forced_logits(fp16_path, rows)
+    excluded, metrics, fails, table_rows = int8._gated(
+        lambda ex: _write(fp16_path, dest, spec, scales, ex),
+        lambda: teacher.lm_metrics(ref, teacher.teacher_forced_logits(dest, rows), rows), gate, info.task,
+        lambda: int8._rank(fp16_path, dest, _prefill(fp16_path, cd.heldout[:4]), [t.node for t in targets]),
+        f"INT{spec.bits}")
+    table = int8._gate_table(table_rows, f"INT{spec.bits}")
+    log.info("INT%d accuracy vs FP16 on %d held-out tokens:\n%s", spec.bits, metrics["samples"], table)
+    if fails:
+        dest.unlink(missing_ok=True)
+        raise AccuracyGateError(f"INT{spec.bits} cannot pass the accuracy gate even with every layer in FP16 ("
+                                + "; ".join(fails) + ")\n" + table)
+    return {"quantization": _quantization(model16, spec, len(targets), excluded, awq_report),
+            "calibration": {"data": args.calib or "calib/default.txt", "batches": len(cd.calib)},
+            "accuracy": {"onnx_vs_fp16": metrics, "measured_on": _measured_on(fp16_path),
+                         "gate": {"passed": True, "thresholds": gate.__dict__,
+                                  "table": [[r[0], r[1], not r[2]] for r in table_rows]}}}
+
+
+def _quantization(model16, spec: WeightOnlySpec, n_targets: int, excluded: frozenset, awq_report) -> dict:
+    """The record's `quantization` section."""
+    from trt_seer.quantize import weightonly
+
+    head = weightonly.lm_head(model16)
+    return {"mode": "weight-only", "bits": spec.bits, "block_size": spec.block_size if spec.bits == 4 else None,
+            "granularity": "per-output-channel" if spec.bits == 8 else f"blocks of {spec.block_size} input channels",
+            "quantized_gemms": n_targets - len(excluded), "fp16_gemms": sorted(excluded),
+            "fp16_k_not_multiple_of_block": weightonly.unfit_int4(model16, spec) if spec.bits == 4 else [],
+            "lm_head": head if spec.lm_head else None, "lm_head_fp16": None if spec.lm_head else head,
+            "awq": awq_report}
