@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 import traceback
+import warnings
 
 from trt_seer import __version__
 from trt_seer.cli import common
@@ -67,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print("trt-seer: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     common.configure_logging(getattr(args, "verbose", False))
+    warnings.showwarning = _warning_line
     try:
         common.check_config(getattr(args, "model", None))  # every command's --model, before slow work
         return int(args.handler(args) or 0)
@@ -83,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trt-seer: internal error: {type(e).__name__}: {one_line(e)} "
               "(rerun with --debug for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings reach the user as one log line ("warning: ..."), not Python's two-line form."""
+    logging.getLogger("trt_seer").warning("warning: %s", one_line(message))
 
 
 def _traceback_if(args) -> None:

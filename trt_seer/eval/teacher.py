@@ -59,30 +59,18 @@ def position_ids(mask: np.ndarray) -> np.ndarray:
     return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
 
 
-class OrtDecoderStep:
-    """DecoderStep over an ONNX graph with a KV cache, on ONNX Runtime (CPU)."""
+def decoder_step(path: Path, max_total: int = 1 << 20):
+    """The runtime's ONNX Runtime DecoderStep over a KV-cache graph, its cache layout read from the
+    graph's own inputs (a candidate graph in a gate has no record beside it)."""
+    from trt_seer.runtime.decoder_ort import OrtDecoderStep
 
-    def __init__(self, path: Path, max_total: int = 4096):
-        self.sess = _session(path)
-        self.inputs = {i.name: i for i in self.sess.get_inputs()}
-        self.past = [i for n, i in self.inputs.items() if n.startswith(PAST)]
-        if not self.past:
-            raise InputError(f"{Path(path).name} has no {PAST}* inputs (not a KV-cache decoder graph)")
-        self.outputs = [o.name for o in self.sess.get_outputs()]
-        self.max_total = max_total
-        self.cache: dict[str, np.ndarray] = {}
-
-    def reset(self, batch: int) -> None:
-        self.cache = {i.name: empty_past(i, batch) for i in self.past}
-
-    def step(self, input_ids, attention_mask, position_ids) -> np.ndarray:
-        feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-                 **self.cache}
-        out = dict(zip(self.outputs, self.sess.run(self.outputs, {k: v for k, v in feeds.items()
-                                                                   if k in self.inputs})))
-        for i in self.past:
-            self.cache[i.name] = out["present." + i.name[len(PAST):]]
-        return out["logits"][:, -1, :].astype(np.float32)  # (batch, vocab)
+    past = [a for a in graph_inputs(path) if a.name.startswith(PAST)]
+    if not past:
+        raise InputError(f"{Path(path).name} has no {PAST}* inputs (not a KV-cache decoder graph)")
+    empty = empty_past(past[0], 1)
+    layout = {"num_kv_heads": empty.shape[1], "head_dim": empty.shape[3], "kv_dtype": empty.dtype.name,
+              "max_total": max_total}
+    return OrtDecoderStep(path, decoder=layout)
 
 
 def empty_past(arg, batch: int) -> np.ndarray:
@@ -111,7 +99,7 @@ def teacher_forced_logits(path: Path, rows: np.ndarray, batch: int = 16) -> np.n
     from tqdm import tqdm
 
     stepped = has_cache(path)
-    sess = OrtDecoderStep(path) if stepped else _session(path)
+    sess = decoder_step(path) if stepped else _session(path)
     out = []
     for start in tqdm(range(0, len(rows), batch), desc=f"teacher-force {Path(path).name}", unit="batch", leave=False):
         ids = rows[start:start + batch]
@@ -119,7 +107,7 @@ def teacher_forced_logits(path: Path, rows: np.ndarray, batch: int = 16) -> np.n
     return np.concatenate(out)
 
 
-def _stepped(step: OrtDecoderStep, ids: np.ndarray) -> np.ndarray:
+def _stepped(step, ids: np.ndarray) -> np.ndarray:
     b, t = ids.shape
     step.reset(b)
     mask = np.ones((b, t), dtype=np.int64)

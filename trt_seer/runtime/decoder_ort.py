@@ -45,12 +45,14 @@ class OrtDecoderStep:
 
     backend = "onnxruntime"
 
-    def __init__(self, path: str | Path, options: OrtOptions = OrtOptions()):
+    def __init__(self, path: str | Path, options: OrtOptions = OrtOptions(), decoder: dict | None = None):
+        """`decoder`: the cache layout (num_kv_heads, head_dim, kv_dtype, max_total) when the graph
+        has no record beside it (a candidate graph inside a quantization gate); else the record's."""
         self.path = Path(path)
         if not self.path.is_file():
             raise InputError(f"ONNX file not found: {self.path}")
         self.manifest = manifest_io.read_if_exists(manifest_io.record_path(self.path))
-        self.decoder = decoder_record(self.path, self.manifest)
+        self.decoder = decoder if decoder is not None else decoder_record(self.path, self.manifest)
         self.session = create_session(self.path, options)
         names = [a.name for a in self.session.get_inputs()]
         self.past_names = [n for n in names if n.startswith(PAST_PREFIX)]

@@ -14,7 +14,7 @@ Imports neither torch nor transformers: tokenization is the `tokenizers` package
 """
 from __future__ import annotations
 
-import importlib.util
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
@@ -22,7 +22,7 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from trt_seer.engine import manifest as manifest_io
-from trt_seer.errors import InputError, UnsupportedError
+from trt_seer.errors import DependencyError, InputError
 
 
 class DecoderStep(Protocol):
@@ -190,15 +190,25 @@ class Generator:
 
 
 def load_step(artifact: str | Path, threads: int = 0) -> DecoderStep:
-    """The DecoderStep of an artifact: `.engine` on TensorRT, `.onnx` on ONNX Runtime (CPU)."""
+    """The DecoderStep of an artifact: `.engine` on TensorRT, `.onnx` on ONNX Runtime (CPU). An
+    engine where no TensorRT runs (no GPU) falls back to its `.onnx` sibling, with a warning, as
+    `runtime.load` does."""
     path = Path(artifact)
     if path.suffix == ".engine":
-        if importlib.util.find_spec("trt_seer.runtime.decoder_trt") is None:
-            raise UnsupportedError(f"this trt-seer has no TensorRT decoder runtime to run {path.name}; "
-                                   "generate from its .onnx sibling")
-        from trt_seer.runtime import decoder_trt  # TensorRT and CUDA load only for engines
+        from trt_seer.runtime import onnx_sibling, tensorrt_unavailable_reason
 
-        return decoder_trt.TensorRTDecoder(path)
+        reason = tensorrt_unavailable_reason()
+        if reason is None:
+            from trt_seer.runtime import decoder_trt  # TensorRT and CUDA load only for engines
+
+            return decoder_trt.TensorRTDecoder(path)
+        sibling = onnx_sibling(path)
+        if not sibling.is_file():
+            raise DependencyError(f"cannot run {path.name} on TensorRT ({reason}) and there is no "
+                                  f"{sibling.name} beside it to run on ONNX Runtime instead")
+        warnings.warn(f"running {sibling.name} on ONNX Runtime (CPU) instead of {path.name}: {reason}",
+                      RuntimeWarning, stacklevel=2)
+        path = sibling
     if path.suffix == ".onnx":
         from trt_seer.runtime.decoder_ort import OrtDecoderStep
         from trt_seer.runtime.ort import OrtOptions

@@ -1,0 +1,86 @@
+"""Generation on TensorRT: a tiny causal LM's FP16 / INT8 / INT4 decoder engines (decode and prefill
+profiles, KV cache on the GPU) step for step against ONNX Runtime on the same graphs, and
+`trt-seer generate` on the engine against Hugging Face `generate`. Needs a GPU that the installed
+TensorRT runs; the engines themselves are built here by TensorRT's builder."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from test_generate import NEW_TOKENS, PROMPTS, hf_greedy, save_tokenizer
+from tiny import make_tiny_checkpoint
+
+from trt_seer import runtime
+
+pytestmark = pytest.mark.gpu
+BUILD = ("--batch", "1,2,4", "--seq", "1,16,32", "--max-total", "64")
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    reason = runtime.tensorrt_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no TensorRT that runs on this GPU: {reason}")
+    root = tmp_path_factory.mktemp("gen-gpu")
+    ckpt = make_tiny_checkpoint("llama", "causal-lm", root / "llama", initializer_range=0.3)
+    save_tokenizer(ckpt)
+    out = root / "out"
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(ckpt), "--fp16", "--int8",
+                        "--int4", "--int4-block", "32", "--max-ppl-increase", "1.0", "--min-agreement", "0.0",
+                        *BUILD, "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return ckpt, out
+
+
+def _steps(step, ids: np.ndarray, n: int) -> list[np.ndarray]:
+    """Prefill `ids` then `n` greedy decode steps; the logits of every step."""
+    b, s = ids.shape
+    mask = np.ones((b, s), np.int64)
+    step.reset(b)
+    logits = [step.step(ids, mask, np.broadcast_to(np.arange(s), (b, s)).copy())]
+    for t in range(n):
+        token = logits[-1].argmax(-1)[:, None].astype(np.int64)
+        mask = np.ones((b, s + t + 1), np.int64)
+        logits.append(step.step(token, mask, np.full((b, 1), s + t, np.int64)))
+    return logits
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8", "int4"])
+def test_engine_steps_match_onnx_runtime(engines, precision):
+    from trt_seer.runtime.decoder_ort import OrtDecoderStep
+    from trt_seer.runtime.decoder_trt import TensorRTDecoder
+
+    _, out = engines
+    ids = np.random.default_rng(0).integers(3, 120, (3, 9)).astype(np.int64)
+    with TensorRTDecoder(out / f"llama.{precision}.engine") as dec:
+        got = _steps(dec, ids, 10)
+        assert dec.kv_cache_bytes > 0
+    want = _steps(OrtDecoderStep(out / f"llama.{precision}.onnx"), ids, 10)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert np.abs(g - w).max() <= 0.05 * np.abs(w).max() + 1e-2, f"step {i}"
+        assert (g.argmax(-1) == w.argmax(-1)).mean() >= 2 / 3, f"step {i}"
+
+
+def test_generate_on_the_engine_agrees_with_hugging_face(engines, capsys):
+    from trt_seer import cli
+
+    ckpt, out = engines
+    argv = ["generate", str(out / "llama.fp16.engine"), *[a for p in PROMPTS for a in ("--prompt", p)],
+            "--max-new-tokens", str(NEW_TOKENS), "--json"]
+    assert cli.main(argv) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    want = hf_greedy(ckpt, [r["prompt_ids"] for r in results], NEW_TOKENS)
+    pairs = [(a, b) for r, w in zip(results, want) for a, b in zip(r["token_ids"], w)]
+    assert len(pairs) >= len(PROMPTS) * 2
+    assert sum(a == b for a, b in pairs) / len(pairs) >= 0.95
+
+
+def test_prompt_longer_than_the_engine_takes_is_bad_input(engines):
+    _, out = engines
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "generate", str(out / "llama.fp16.engine"),
+                        "--prompt", " ".join(["w5"] * 40), "--max-new-tokens", "2"], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len([x for x in r.stderr.splitlines() if x.startswith("trt-seer: error:")]) == 1
