@@ -83,11 +83,11 @@ def test_matrix_covers_the_listed_families():
     assert sorted({m for m, _ in CASES}) == sorted(TESTED_FAMILIES) and len(TESTED_FAMILIES) >= 16
 
 
-DECODERS = ["gpt2", "llama", "qwen2", "mistral", "qwen3", "gemma", "phi3"]  # exported with a KV cache
+KV_DECODERS = ["gpt2", "llama", "qwen2", "mistral", "qwen3", "gemma", "phi3"]  # exported with a KV cache
 
 
 @pytest.mark.parametrize("model_type", [pytest.param(m, marks=() if m == "llama" else (pytest.mark.slow,))
-                                        for m in DECODERS])
+                                        for m in KV_DECODERS])
 def test_decoder_export_with_kv_cache(tiny_checkpoint, tmp_path, model_type):
     import onnx
 

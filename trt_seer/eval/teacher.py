@@ -96,15 +96,23 @@ def prefill_feeds(sess_inputs, feeds: dict) -> dict:
 
 def teacher_forced_logits(path: Path, rows: np.ndarray, batch: int = 16) -> np.ndarray:
     """(rows, length - 1, vocab) float32: the logits predicting rows[:, 1:] from each prefix."""
+    if has_cache(path):
+        return stepped_logits(decoder_step(path), rows, batch, f"teacher-force {Path(path).name}")
     from tqdm import tqdm
 
-    stepped = has_cache(path)
-    sess = decoder_step(path) if stepped else _session(path)
-    out = []
-    for start in tqdm(range(0, len(rows), batch), desc=f"teacher-force {Path(path).name}", unit="batch", leave=False):
-        ids = rows[start:start + batch]
-        out.append(_stepped(sess, ids) if stepped else _full(sess, ids))
-    return np.concatenate(out)
+    sess = _session(path)
+    return np.concatenate([_full(sess, rows[start:start + batch]) for start in
+                           tqdm(range(0, len(rows), batch), desc=f"teacher-force {Path(path).name}",
+                                unit="batch", leave=False)])
+
+
+def stepped_logits(step, rows: np.ndarray, batch: int = 16, desc: str = "teacher-force") -> np.ndarray:
+    """teacher_forced_logits through any DecoderStep (ONNX Runtime, or a TensorRT engine)."""
+    from tqdm import tqdm
+
+    starts = range(0, len(rows), batch)
+    return np.concatenate([_stepped(step, rows[s:s + batch]) for s in
+                           tqdm(starts, desc=desc, unit="batch", leave=False)])
 
 
 def _stepped(step, ids: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trt_seer import __version__
 from trt_seer.errors import InputError, UnsupportedError
-from trt_seer.export.families import FAMILIES, ModelInfo, max_positions, resolve_model
+from trt_seer.export.families import ModelInfo, max_positions, resolve_model
 from trt_seer.files import atomic_write_json
 
 TRAINING_FILE = "training.json"
@@ -30,9 +30,9 @@ def resolve(model: Path | None, task: str) -> ModelInfo:
     """The checkpoint, to be fine-tuned for `task`; UnsupportedError if its family cannot do it."""
     info = resolve_model(model, "feature-extraction")  # every family has it: checks all but the task
     if task not in info.family.tasks:
-        able = sorted(name for name, family in FAMILIES.items() if task in family.tasks)
-        raise UnsupportedError(f"--task {task} needs a {' / '.join(able)} checkpoint, but {info.path} "
-                               f"is a {info.model_type} {info.family.kind}; pass --model DIR")
+        kind = "decoder (a causal LM)" if task == "causal-lm" else "model that transformers builds for it"
+        raise UnsupportedError(f"--task {task} needs a {kind}, but {info.path} is a {info.model_type} "
+                               f"{info.family.kind}; pass --model DIR")
     return dataclasses.replace(info, task=task)
 
 

@@ -1,0 +1,191 @@
+"""Generation speed on a GPU: HF `generate` (eager FP16) against FP16 / INT8 / INT4 decoder engines
+of the same causal LM, in one run; appends the table to docs/BENCHMARKS.md.
+
+    python tools/bench_generate.py --config llama-1b --work out/gen [--append docs/BENCHMARKS.md]
+    python tools/bench_generate.py --model ckpt/ --work out/gen     # a checkpoint of your own
+
+With --config the model is randomly initialised from a named shape (speed does not depend on the
+weights), exported with its KV cache, converted to FP16, quantized weight-only (INT8 per channel,
+INT4 in blocks of 128; round to nearest: random weights have nothing to calibrate against) and built
+into engines. With --model the checkpoint's artifacts are taken from `--engines` when `build` made
+them (gated), else made the same way. Every figure is end to end (ids in, logits back on the host).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = {  # name -> transformers LlamaConfig keywords
+    "llama-1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                     num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=4096),
+    "llama-tiny": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
+}
+
+
+def random_checkpoint(name: str, dest: Path) -> Path:
+    import torch
+    import transformers
+
+    if (dest / "config.json").is_file():
+        return dest
+    cfg = transformers.LlamaConfig(**CONFIGS[name], bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.float16)
+    model.save_pretrained(str(dest))
+    return dest
+
+
+def artifacts(ckpt: Path, work: Path, precisions: list[str], spec_kw: dict) -> dict[str, Path]:
+    """{precision: engine path}: FP32 ONNX (verified) -> FP16 -> weight-only INT8 / INT4 -> engines."""
+    from trt_seer import pipeline
+    from trt_seer.engine.build import BuildSpec
+    from trt_seer.export.families import ShapeProfile, resolve_model
+
+    info = resolve_model(ckpt, "causal-lm")
+    art = pipeline.Artifacts(work, info.name)
+    t = time.perf_counter()
+    fp32 = pipeline.fp32_onnx(info, art)
+    print(f"fp32 ONNX: {time.perf_counter() - t:.0f} s", flush=True)
+    graphs = {"fp16": _fp16(art, fp32)}
+    for p in precisions:
+        if p in ("int8", "int4"):
+            graphs[p] = _weight_only(art, graphs["fp16"], p)
+    profile = ShapeProfile(tuple(spec_kw["batch"]), tuple(spec_kw["seq"]))
+    engines = {}
+    for p in precisions:
+        spec = BuildSpec(precision=p, profile=profile, max_total=spec_kw["max_total"],
+                         compute_caps=tuple(spec_kw["compute_caps"]))
+        t = time.perf_counter()
+        manifest, _ = pipeline.engine(graphs[p], art, spec)
+        print(f"{p} engine: {time.perf_counter() - t:.0f} s, {manifest['engine']['size_bytes'] / 2**20:.0f} MiB",
+              flush=True)
+        engines[p] = art.path(f"{p}.engine")
+    return engines
+
+
+def _fp16(art, fp32: dict) -> dict:
+    from trt_seer import pipeline
+    from trt_seer.engine import manifest
+    from trt_seer.export.precision import Fp16Spec, fp16_from_onnx
+
+    dest = art.path("fp16.onnx")
+    if manifest.record_path(dest).is_file():  # made by an earlier run of this tool
+        return manifest.read(manifest.record_path(dest))
+    kv = frozenset(pipeline._kv_names(fp32))
+    fp16_from_onnx(art.path("fp32.onnx"), dest, Fp16Spec(fp16_io=kv))
+    record = {**pipeline.inherit(fp32), "precision": "fp16", "key": "bench-only", "fp32_sha256": fp32["sha256"],
+              "decoder": {**fp32["decoder"], "kv_dtype": "float16"}}
+    return pipeline.write_record(dest, record)
+
+
+def _weight_only(art, fp16: dict, precision: str) -> dict:
+    from trt_seer import pipeline
+    from trt_seer.engine import manifest
+    from trt_seer.export import onnxio
+    from trt_seer.quantize import weightonly
+
+    dest = art.path(f"{precision}.onnx")
+    if manifest.record_path(dest).is_file():
+        return manifest.read(manifest.record_path(dest))
+    spec = weightonly.WeightOnlySpec(bits=8 if precision == "int8" else 4)
+    model = onnxio.load(art.path("fp16.onnx"))
+    weightonly.weight_only_model(model, weightonly.find_targets(model, spec), spec)
+    onnxio.save(model, dest)
+    return pipeline.write_record(dest, {**pipeline.inherit(fp16), "precision": precision, "key": "bench-only",
+                                        "quantization": {"bits": spec.bits, "method": "round to nearest"}})
+
+
+def measure_engines(engines: dict[str, Path], spec) -> dict[str, dict]:
+    from trt_seer.bench.generate import measure_step
+    from trt_seer.runtime import cuda
+    from trt_seer.runtime.decoder_trt import TensorRTDecoder
+
+    rows = {}
+    for precision, path in engines.items():
+        cuda.set_device(0)
+        free_before = cuda.mem_info()[0]
+        with TensorRTDecoder(path) as dec:
+            used = free_before - cuda.mem_info()[0]
+            rows[f"TensorRT-RTX {precision.upper()} engine"] = {**measure_step(dec, dec.vocab, spec),
+                                                                 "memory_bytes": used}
+        print(json.dumps(rows[f"TensorRT-RTX {precision.upper()} engine"]), flush=True)
+    return rows
+
+
+def measure_hf(ckpt: Path, spec) -> dict:
+    import torch
+    import transformers
+
+    from trt_seer.bench.generate import hf_generate_rows
+
+    torch.cuda.reset_peak_memory_stats()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float16).cuda().eval()
+    row = hf_generate_rows(model, model.config.vocab_size, spec)
+    row["memory_bytes"] = torch.cuda.max_memory_allocated()
+    del model
+    torch.cuda.empty_cache()
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _gpu_name() -> str:
+    import torch
+
+    from trt_seer.engine import trt
+
+    flavor = trt.load()
+    return f"{torch.cuda.get_device_name(0)}, {flavor.name} {flavor.version}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", choices=sorted(CONFIGS))
+    src.add_argument("--model", type=Path)
+    ap.add_argument("--work", type=Path, default=ROOT / "out" / "gen")
+    ap.add_argument("--precisions", default="fp16,int8,int4")
+    ap.add_argument("--batch", default="1,8,8")
+    ap.add_argument("--seq", default="1,128,1024", help="prompt lengths of the engines' profile")
+    ap.add_argument("--max-total", type=int, default=1280)
+    ap.add_argument("--compute-capability", action="append", default=[])
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--build-only", action="store_true", help="make the artifacts and engines, measure nothing")
+    ap.add_argument("--append", type=Path)
+    ap.add_argument("--price-per-hour", type=float, default=2.5)
+    args = ap.parse_args(argv)
+    from trt_seer.bench.generate import GenBenchSpec, table
+    from trt_seer.bench.host import machine_text
+
+    spec = GenBenchSpec(price_per_hour=args.price_per_hour)
+    args.work.mkdir(parents=True, exist_ok=True)
+    ckpt = random_checkpoint(args.config, args.work / f"{args.config}-random") if args.config else args.model
+    kw = {"batch": [int(x) for x in args.batch.split(",")], "seq": [int(x) for x in args.seq.split(",")],
+          "max_total": args.max_total, "compute_caps": args.compute_capability}
+    engines = artifacts(ckpt, args.work, args.precisions.split(","), kw)
+    if args.build_only:
+        return 0
+    rows = {} if args.no_hf else {"HF generate, eager FP16": measure_hf(ckpt, spec)}
+    rows.update(measure_engines(engines, spec))
+    baseline = "TensorRT-RTX FP16 engine" if "fp16" in engines else None
+    text = table(rows, spec, baseline)
+    print(text)
+    (args.work / "bench_generate.json").write_text(json.dumps(rows, indent=1))
+    if args.append:
+        from trt_seer.bench.report import append_benchmark
+
+        what = f"random init, {args.config} shape" if args.config else str(args.model)
+        body = (f"Model: {what}. Decode: greedy, batch x {spec.new_tokens} new tokens after a {spec.prompt}-token "
+                f"prompt, end to end (ids in, logits back, next token chosen on the host). TTFT: one prompt "
+                f"step at batch 1, median of {spec.repeats}. Cost at ${spec.price_per_hour}/hour.\n\n{text}\n")
+        append_benchmark(args.append, f"Generation speed, {what}", "python " + " ".join(sys.argv),
+                         machine_text(_gpu_name()), body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
