@@ -61,10 +61,21 @@ def load_decoder(info: ModelInfo):
     return model.eval()
 
 
+def cache_keyword(model) -> str:
+    """The forward argument that takes the KV cache: `cache` in newer transformers releases,
+    `past_key_values` before (an unknown keyword would be swallowed and the past silently dropped)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def wrap_decoder(model, shape: DecoderShape):
     """forward(input_ids, attention_mask, position_ids, *past) -> (logits[:, -1:], *presents)."""
     import torch
     from transformers import DynamicCache
+
+    cache_kw = cache_keyword(model)
 
     class Step(torch.nn.Module):
         def __init__(self):
@@ -75,7 +86,7 @@ def wrap_decoder(model, shape: DecoderShape):
             input_ids, attention_mask, position_ids, past = args[0], args[1], args[2], args[3:]
             pairs = [(past[2 * i], past[2 * i + 1]) for i in range(shape.num_layers)]
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             cache=DynamicCache(ddp_cache_data=pairs), use_cache=True, logits_to_keep=1)
+                             use_cache=True, logits_to_keep=1, **{cache_kw: DynamicCache(ddp_cache_data=pairs)})
             presents = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
             return (out.logits, *presents)  # (batch, 1, vocab), (batch, kv_heads, past+seq, head_dim)...
 
