@@ -170,6 +170,9 @@ def verify_decoder(step, shape: DecoderShape, onnx_path: Path, name: str, tol) -
             where = f"{out} at batch={batch} seq={seq} past={past}"
             if g.shape != r.shape:
                 raise ExportMismatchError(f"ONNX output {where} has shape {g.shape}, PyTorch {r.shape}")
+            if out.startswith("present.") and g.shape[2] != past + seq:
+                raise ExportMismatchError(f"{where} holds {g.shape[2]} positions, not past + seq = {past + seq}: "
+                                          "the past keys/values did not reach the model")
             g, r = defined(out, g, feeds["attention_mask"]), defined(out, r, feeds["attention_mask"])
             delta = float(np.max(np.abs(g.astype(np.float64) - r)))
             allowed = tol.atol + tol.rtol * float(np.max(np.abs(r)))
