@@ -59,8 +59,11 @@ def test_engine_steps_match_onnx_runtime(engines, precision):
         got = _steps(dec, ids, 10)
         assert dec.kv_cache_bytes > 0
     want = _steps(OrtDecoderStep(out / f"llama.{precision}.onnx"), ids, 10)
+    # The same quantized graph on two backends: TensorRT accumulates in FP16 where ONNX Runtime's
+    # CPU kernels use FP32, so logits differ by a few percent of their spread, not more.
     for i, (g, w) in enumerate(zip(got, want)):
-        assert np.abs(g - w).max() <= 0.05 * np.abs(w).max() + 1e-2, f"step {i}"
+        rel = np.sqrt(np.mean((g - w) ** 2) / np.mean((w - w.mean(-1, keepdims=True)) ** 2))
+        assert rel <= 0.1, f"step {i}: relative RMS difference {rel:.3f}"
         assert (g.argmax(-1) == w.argmax(-1)).mean() >= 2 / 3, f"step {i}"
 
 

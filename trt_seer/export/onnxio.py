@@ -108,3 +108,46 @@ def describe_io(model) -> dict:
 
     return {"inputs": [one(v) for v in model.graph.input],
             "outputs": [one(v) for v in model.graph.output]}
+
+
+LIGHT_MIN_BYTES = 1 << 20  # initializers this large lose their values in `lightweight` copies
+
+
+def lightweight(model):
+    """A copy of `model` whose large initializers keep name, type and dims but not their values:
+    small enough for protobuf (2 GB) and for the graph passes that need only shapes and structure
+    (shape inference, the checker). Small initializers (shapes, axes) keep their values, which
+    shape inference reads."""
+    import onnx
+
+    light = onnx.ModelProto()
+    light.CopyFrom(model)
+    for t in light.graph.initializer:
+        if t.ByteSize() >= LIGHT_MIN_BYTES:
+            stripped = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
+            t.CopyFrom(stripped)
+    return light
+
+
+def too_large(model) -> bool:
+    return model.ByteSize() >= EXTERNAL_DATA_THRESHOLD
+
+
+def infer_shapes(model):
+    """onnx shape inference for models of any size: over protobuf's limit it runs on a
+    `lightweight` copy and the inferred value_info is put back on `model` (returned)."""
+    import onnx
+
+    if not too_large(model):
+        return onnx.shape_inference.infer_shapes(model)
+    inferred = onnx.shape_inference.infer_shapes(lightweight(model))
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    return model
+
+
+def check_model(model) -> None:
+    """onnx.checker for models of any size (the structure of a `lightweight` copy when too large)."""
+    import onnx
+
+    onnx.checker.check_model(lightweight(model) if too_large(model) else model)

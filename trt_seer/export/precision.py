@@ -215,12 +215,10 @@ class _Converter:
 
 def fp16_model(model, spec: Fp16Spec = Fp16Spec()):
     """Returns an FP16-typed copy of an FP32 onnx.ModelProto (inputs/outputs keep their types but
-    for `spec.fp16_io`)."""
-    import onnx
-
-    inferred = onnx.shape_inference.infer_shapes(model)
+    for `spec.fp16_io`); a model over protobuf's 2 GB limit is converted in place."""
+    inferred = onnxio.infer_shapes(model)
     converted = _Converter(inferred, spec).run()
-    onnx.checker.check_model(converted)
+    onnxio.check_model(converted)
     return converted
 
 

@@ -54,7 +54,9 @@ def with_outputs(model, tensors: list[str]):
     """A copy of `model` with `tensors` appended as graph outputs (typed by shape inference)."""
     import onnx
 
-    inferred = onnx.shape_inference.infer_shapes(model)
+    from trt_seer.export import onnxio
+
+    inferred = onnxio.infer_shapes(model)
     typed = {v.name: v for v in inferred.graph.value_info}
     present = {o.name for o in model.graph.output}
     out = onnx.ModelProto()

@@ -163,9 +163,9 @@ class _Rewriter:
 
 
 def _tensor_types(model) -> dict[str, int]:
-    import onnx
+    from trt_seer.export import onnxio
 
-    inferred = onnx.shape_inference.infer_shapes(model)
+    inferred = onnxio.infer_shapes(model)
     g = inferred.graph
     types = {v.name: v.type.tensor_type.elem_type for v in list(g.input) + list(g.value_info) + list(g.output)}
     types.update({t.name: t.data_type for t in g.initializer})
