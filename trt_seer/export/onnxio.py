@@ -55,7 +55,7 @@ def save(model, dest: Path) -> Path:
     import onnx
 
     with staged(dest) as tmp:
-        if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+        if too_large(model):
             onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
                             location=data_path(dest).name, size_threshold=1024)
             # save_model moved the weights out of `model`; give the caller its model back whole
@@ -129,8 +129,13 @@ def lightweight(model):
     return light
 
 
+def tensor_bytes(model) -> int:
+    """The bytes of the model's initializers: protobuf's own ByteSize() fails past 2 GB."""
+    return sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
+
+
 def too_large(model) -> bool:
-    return model.ByteSize() >= EXTERNAL_DATA_THRESHOLD
+    return tensor_bytes(model) >= EXTERNAL_DATA_THRESHOLD
 
 
 def infer_shapes(model):
