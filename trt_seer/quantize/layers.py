@@ -33,12 +33,13 @@ class JumpRule:
 
 
 def profiled_tensors(ref_model, cand_model, nodes=None) -> list[dict]:
-    """[{node, op, tensor}] for MatMul/Gemm outputs present in both graphs, in reference order.
+    """[{node, op, tensor}] for the reference's MatMul/Gemm outputs present in both graphs (made by
+    any op in the candidate, e.g. ONNX Runtime's dynamic INT8 MatMulInteger + Mul), in reference order.
 
     Args:
         nodes: reference node names to keep (default: every matched MatMul/Gemm).
     """
-    cand = {n.output[0] for n in cand_model.graph.node if n.op_type in PROFILED_OPS}
+    cand = {o for n in cand_model.graph.node for o in n.output}
     rows = [{"node": n.name, "op": n.op_type, "tensor": n.output[0]} for n in ref_model.graph.node
             if n.op_type in PROFILED_OPS and n.output[0] in cand]
     if nodes is None:

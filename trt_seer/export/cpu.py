@@ -1,0 +1,113 @@
+"""FP32 ONNX -> `<name>.fp32.cpu.onnx`: the same graph with ONNX Runtime's fused CPU kernels.
+
+    from trt_seer.export.cpu import cpu_onnx_from_fp32
+    report = cpu_onnx_from_fp32(info, Path("m.fp32.onnx"), Path("m.fp32.cpu.onnx"))
+
+The dynamo export spells attention, residual LayerNorm and GELU out op by op (with a NaN guard
+after each Softmax); ONNX Runtime's own `transformers.optimizer` does not recognise that form.
+onnxscript's ORT fusions (`onnxscript.rewriter.ort_fusions`) do: Attention / MultiHeadAttention,
+SkipLayerNormalization, BiasGelu / FastGelu. Constant folding then packs the Q, K and V weights
+into one initializer, and ORT's optimizer runs last for whatever it matches on top (on RoBERTa and
+DistilBERT: EmbedLayerNormalization). The result
+is verified against the FP32 graph on held-out inputs (ExportMismatchError if it disagrees) and
+rejected when nothing fused (UnsupportedError: the plain graph is then the CPU form).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from trt_seer.errors import ExportMismatchError, UnsupportedError
+from trt_seer.export import onnxio
+from trt_seer.export.checkpoint import Tolerance, VERIFY_SHAPES, defined_values, sample_inputs
+from trt_seer.export.families import ModelInfo
+
+log = logging.getLogger(__name__)
+FUSED_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention", "SkipLayerNormalization",
+             "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization", "BiasGelu", "FastGelu",
+             "Gelu", "RotaryEmbedding", "EmbedLayerNormalization")
+ORT_MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "electra": "bert",
+                   "distilbert": "bert", "mpnet": "bert"}  # encoders, by ONNX Runtime optimizer's name
+
+
+def fused_ops(model) -> dict[str, int]:
+    """How many nodes of each fused (com.microsoft) kernel `model` holds."""
+    counts = Counter(n.op_type for n in model.graph.node if n.domain == "com.microsoft" and n.op_type in FUSED_OPS)
+    return dict(sorted(counts.items()))
+
+
+def _onnxscript_fusions(src: Path):
+    """onnxscript's ORT fusions, then constant folding (packs QKV weights that the fusion concats)."""
+    import onnx_ir as ir
+    import onnxscript.optimizer
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    model, _ = optimize_for_ort(ir.load(str(src)))
+    onnxscript.optimizer.fold_constants(model, input_size_limit=1 << 31, output_size_limit=1 << 31)
+    ir.passes.common.RemoveUnusedNodesPass()(model)
+    return ir.serde.serialize_model(model)
+
+
+def _ort_optimizer(model, info: ModelInfo):
+    """ONNX Runtime's transformer optimizer (Python fusions only: the session applies its own
+    graph optimizations at load time) for what it matches after onnxscript's pass."""
+    from onnxruntime.transformers.optimizer import optimize_by_fusion
+
+    model_type = ORT_MODEL_TYPES.get(info.model_type)
+    if model_type is None:
+        return model
+    root, said = logging.getLogger(), io.StringIO()
+    level = root.level
+    root.setLevel(logging.ERROR)  # it logs shape-inference fallbacks at WARNING on the root logger
+    try:
+        with contextlib.redirect_stdout(said):  # and prints them
+            return optimize_by_fusion(model, model_type=model_type, num_heads=0, hidden_size=0).model
+    finally:
+        root.setLevel(level)
+        log.debug("onnxruntime.transformers.optimizer: %s", said.getvalue().strip())
+
+
+def verify_against(info: ModelInfo, ref_path: Path, cand_path: Path, tol: Tolerance = Tolerance()) -> dict:
+    """max |Δ| of `cand_path` against `ref_path` (ONNX Runtime CPU) on random held-out token ids at
+    VERIFY_SHAPES, padding included; ExportMismatchError above `tol`."""
+    from trt_seer.eval.evaluate import session
+
+    ref, cand = session(ref_path), session(cand_path)
+    names = [o.name for o in ref.get_outputs()]
+    report = {"shapes": [list(s) for s in VERIFY_SHAPES], "outputs": {}}
+    for i, (batch, seq) in enumerate(VERIFY_SHAPES):
+        feeds = sample_inputs(info, batch, seq, seed=20 + i)
+        for name, r, g in zip(names, ref.run(names, feeds), cand.run(names, feeds)):
+            r, g = (defined_values(info, name, x, feeds["attention_mask"]) for x in (r, g))
+            delta = float(np.max(np.abs(g.astype(np.float64) - r))) if r.size else 0.0
+            allowed = tol.atol + tol.rtol * float(np.max(np.abs(r), initial=0.0))
+            if not delta <= allowed:  # also catches NaN
+                raise ExportMismatchError(f"{cand_path.name} disagrees with {ref_path.name} on {name}: max |Δ| "
+                                          f"{delta:.3g} > {allowed:.3g} at batch={batch} seq={seq}")
+            prev = report["outputs"].get(name, {"max_abs_diff": 0.0})
+            report["outputs"][name] = {"max_abs_diff": max(prev["max_abs_diff"], delta), "allowed": allowed}
+    return report
+
+
+def cpu_onnx_from_fp32(info: ModelInfo, src: Path, dest: Path, tol: Tolerance = Tolerance()) -> dict:
+    """Writes the fused CPU graph of `src` to `dest` and verifies it against `src`.
+
+    Returns {"fused_ops": {op: count}, "verification": verify_against's report}."""
+    model = _ort_optimizer(_onnxscript_fusions(src), info)
+    fused = fused_ops(model)
+    if not fused:
+        raise UnsupportedError(f"no ONNX Runtime fusion matched {info.name} ({info.model_type}); "
+                               f"run {src.name} on ONNX Runtime as it is")
+    onnxio.save(model, dest)
+    try:
+        report = verify_against(info, src, dest, tol)
+    except ExportMismatchError:
+        dest.unlink(missing_ok=True)
+        onnxio.data_path(dest).unlink(missing_ok=True)
+        raise
+    return {"fused_ops": fused, "verification": report}
