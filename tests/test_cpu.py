@@ -35,6 +35,7 @@ def test_fused_graph_fuses_and_matches_fp32(tiny_bert):
     assert "Softmax" not in ops and "Erf" not in ops and ops["MatMul"] < Counter(
         n.op_type for n in onnx.load(art.path("fp32.onnx")).graph.node)["MatMul"]
     assert record["fused_ops"] == {k: ops[k] for k in record["fused_ops"]}
+    assert record["attention_mask_index"] == 2 and "Where" not in ops  # the 2-D mask, no (b, 1, s, s) bias
     for out in record["verification"]["outputs"].values():
         assert out["max_abs_diff"] <= out["allowed"] <= 1e-2
     sess_ref, sess_cpu = (pytest.importorskip("onnxruntime").InferenceSession(str(art.path(s)))
@@ -82,7 +83,8 @@ def test_cpu_int8_quantizes_the_fused_graph(tiny_bert):
     out = int8._cpu_int8(info, art, cd, int8.Gate(0.0, 0.0, 0.0))
     assert out["file"] == f"{info.name}.int8.cpu.onnx" and out["source_graph"] == f"{info.name}.fp32.cpu.onnx"
     ops = Counter(n.op_type for n in onnx.load(art.path("int8.cpu.onnx")).graph.node)
-    assert ops["MatMulInteger"] == 6 and ops["Attention"] == 2 and "MatMul" not in ops and out["fp32_gemms"] == []
+    assert ops["MatMulInteger"] == 6 and ops["QAttention"] == 2 and "MatMul" not in ops and "Attention" not in ops
+    assert out["fp32_gemms"] == []
     assert 0.5 < out["accuracy"]["mean_cosine"] < 1.0  # lossy: the large-weight model's INT8 error is real
 
 
@@ -91,11 +93,11 @@ def test_cpu_int8_gate_falls_back_to_fp32_layers(tiny_bert):
     cd = _calib_data(info)
     strict = int8.Gate(0.99999, 0.9999, 0.99)
     out = int8._cpu_int8(info, art, cd, strict)
-    fused_matmuls = {n.name for n in onnx.load(art.path("fp32.cpu.onnx")).graph.node if n.op_type == "MatMul"}
-    assert out["file"] and out["fp32_gemms"] and set(out["fp32_gemms"]) <= fused_matmuls
+    fused = {n.name: n.op_type for n in onnx.load(art.path("fp32.cpu.onnx")).graph.node}
+    assert out["file"] and out["fp32_gemms"] and {fused.get(n) for n in out["fp32_gemms"]} <= {"MatMul", "Attention"}
     assert out["accuracy"]["mean_cosine"] >= 0.99999
     ops = Counter(n.op_type for n in onnx.load(art.path("int8.cpu.onnx")).graph.node)
-    assert ops["MatMul"] == len(out["fp32_gemms"])
+    assert ops["MatMul"] + ops["Attention"] == len(out["fp32_gemms"])
 
 
 def test_cpu_int8_that_cannot_pass_writes_nothing(tiny_bert):

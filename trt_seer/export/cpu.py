@@ -8,7 +8,8 @@ after each Softmax); ONNX Runtime's own `transformers.optimizer` does not recogn
 onnxscript's ORT fusions (`onnxscript.rewriter.ort_fusions`) do: Attention / MultiHeadAttention,
 SkipLayerNormalization, BiasGelu / FastGelu. Constant folding then packs the Q, K and V weights
 into one initializer, and ORT's optimizer runs last for whatever it matches on top (on RoBERTa and
-DistilBERT: EmbedLayerNormalization). The result
+DistilBERT: EmbedLayerNormalization). Attention whose additive bias is only the padding mask takes
+the 2-D mask as `mask_index` instead, the form ONNX Runtime's QAttention (INT8) accepts. The result
 is verified against the FP32 graph on held-out inputs (ExportMismatchError if it disagrees) and
 rejected when nothing fused (UnsupportedError: the plain graph is then the CPU form).
 """
@@ -53,6 +54,48 @@ def _onnxscript_fusions(src: Path):
     return ir.serde.serialize_model(model)
 
 
+def _padding_only(model, tensor: str) -> bool:
+    """Whether `tensor` is computed from the attention mask and shapes alone: no learned weights
+    (a relative-position bias reads an embedding table) feed it."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    sizes = {i.name: int(np.prod(i.dims)) for i in model.graph.initializer}
+    stack, seen, inputs = [tensor], set(), set()
+    while stack:
+        t = stack.pop()
+        if t in seen or not t:
+            continue
+        seen.add(t)
+        if sizes.get(t, 0) > 16:
+            return False
+        if t in producer:
+            stack.extend(producer[t].input)
+        elif t not in sizes:
+            inputs.add(t)
+    return "attention_mask" in inputs
+
+
+def _mask_index(model) -> int:
+    """Feeds each Attention whose additive bias is only the padding mask the 2-D mask itself
+    (`mask_index`, int32) instead: ONNX Runtime's QAttention takes a mask_index, not a bias, and the
+    (batch, 1, seq, seq) bias no longer has to be built. Returns how many nodes changed."""
+    from onnx import TensorProto, helper
+
+    names = {i.name for i in model.graph.input}
+    nodes = [n for n in model.graph.node if n.op_type == "Attention" and len(n.input) == 6
+             and not n.input[3] and not n.input[4] and _padding_only(model, n.input[5])]
+    if "attention_mask" not in names or not nodes:
+        return 0
+    model.graph.node.insert(0, helper.make_node("Cast", ["attention_mask"], ["attention_mask_int32"],
+                                                name="attention_mask_int32", to=TensorProto.INT32))
+    for node in nodes:
+        node.input[3], node.input[5] = "attention_mask_int32", ""
+        del node.input[4:]
+        plain = [a for a in node.attribute if a.name != "qkv_hidden_sizes" or len(set(a.ints)) != 1]
+        del node.attribute[:]
+        node.attribute.extend(plain)  # ONNX Runtime's quantizer skips Attention with qkv_hidden_sizes
+    return len(nodes)
+
+
 def _ort_optimizer(model, info: ModelInfo):
     """ONNX Runtime's transformer optimizer (Python fusions only: the session applies its own
     graph optimizations at load time) for what it matches after onnxscript's pass."""
@@ -94,11 +137,28 @@ def verify_against(info: ModelInfo, ref_path: Path, cand_path: Path, tol: Tolera
     return report
 
 
+def _drop_unused(model) -> None:
+    """Removes nodes and initializers nothing reads (the attention-bias subgraph after _mask_index)."""
+    while True:
+        used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+        keep = [n for n in model.graph.node if any(o in used for o in n.output)]
+        if len(keep) == len(model.graph.node):
+            break
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+    inits = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(inits)
+
+
 def cpu_onnx_from_fp32(info: ModelInfo, src: Path, dest: Path, tol: Tolerance = Tolerance()) -> dict:
     """Writes the fused CPU graph of `src` to `dest` and verifies it against `src`.
 
-    Returns {"fused_ops": {op: count}, "verification": verify_against's report}."""
+    Returns {"fused_ops": {op: count}, "attention_mask_index": Attention nodes fed the 2-D mask,
+    "verification": verify_against's report}."""
     model = _ort_optimizer(_onnxscript_fusions(src), info)
+    masked = _mask_index(model)
+    _drop_unused(model)
     fused = fused_ops(model)
     if not fused:
         raise UnsupportedError(f"no ONNX Runtime fusion matched {info.name} ({info.model_type}); "
@@ -110,4 +170,4 @@ def cpu_onnx_from_fp32(info: ModelInfo, src: Path, dest: Path, tol: Tolerance = 
         dest.unlink(missing_ok=True)
         onnxio.data_path(dest).unlink(missing_ok=True)
         raise
-    return {"fused_ops": fused, "verification": report}
+    return {"fused_ops": fused, "attention_mask_index": masked, "verification": report}
