@@ -8,7 +8,7 @@ import pytest
 
 from tiny import make_tiny_checkpoint
 from trt_seer import pipeline
-from trt_seer.errors import ExportMismatchError, UnsupportedError
+from trt_seer.errors import ExportMismatchError, InputError, UnsupportedError
 from trt_seer.export import cpu
 from trt_seer.export.checkpoint import sample_inputs
 from trt_seer.export.families import resolve_model
@@ -125,3 +125,21 @@ def test_diff_takes_the_cpu_forms(tiny_bert, capsys):
     main(["diff", str(art.path("int8.cpu.onnx")), "--samples", "32"])
     out = capsys.readouterr().out
     assert "onnxrt-int8-cpu vs onnxrt-fp32" in out and "per-layer error" in out  # profiled on the fused graph
+
+
+def test_diff_plans_the_cpu_form_beside_an_engine(tmp_path):
+    from trt_seer.eval import plan
+
+    target = plan.Target(tmp_path / "m.int8.manifest.json", "engine", "m", "int8", None, {})
+    assert plan._cpu_fallback_side(target) is None  # none written: nothing extra to compare
+    (tmp_path / "m.int8.cpu.onnx").write_bytes(b"")
+    side = plan._cpu_fallback_side(target)
+    assert (side.label, side.precision, side.path.name) == ("onnxrt-int8-cpu", "int8", "m.int8.cpu.onnx")
+    (tmp_path / "m.fp32.cpu.onnx").write_bytes(b"")
+    fp16 = plan.Target(tmp_path / "m.fp16.manifest.json", "engine", "m", "fp16", None, {})
+    assert plan._cpu_fallback_side(fp16).label == "onnxrt-fp32-cpu"  # what the runtime runs instead
+    t = plan.resolve_target(tmp_path / "m.int8.cpu.onnx")
+    assert (t.name, t.precision, t.cpu) == ("m", "int8", True)
+    (tmp_path / "m.cpu.onnx").write_bytes(b"")
+    with pytest.raises(InputError, match="cannot tell name and precision"):
+        plan.resolve_target(tmp_path / "m.cpu.onnx")
