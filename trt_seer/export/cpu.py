@@ -44,9 +44,13 @@ def fused_ops(model) -> dict[str, int]:
 
 def _onnxscript_fusions(src: Path):
     """onnxscript's ORT fusions, then constant folding (packs QKV weights that the fusion concats)."""
-    import onnx_ir as ir
     import onnxscript.optimizer
-    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+    from onnxscript import ir
+
+    try:
+        from onnxscript.rewriter.ort_fusions import optimize_for_ort
+    except ImportError as e:
+        raise UnsupportedError(f"this onnxscript has no ONNX Runtime fusions ({e}); pip install -U onnxscript") from e
 
     model, _ = optimize_for_ort(ir.load(str(src)))
     onnxscript.optimizer.fold_constants(model, input_size_limit=1 << 31, output_size_limit=1 << 31)
