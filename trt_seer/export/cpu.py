@@ -42,6 +42,19 @@ def fused_ops(model) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+@contextlib.contextmanager
+def _quiet(name: str | None):
+    """Raises logger `name` (None: the root logger) to ERROR for the block: the fusion libraries
+    log expected fallbacks (shape inference, folding skipped) at WARNING."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _onnxscript_fusions(src: Path):
     """onnxscript's ORT fusions, then constant folding (packs QKV weights that the fusion concats)."""
     import onnxscript.optimizer
@@ -52,8 +65,9 @@ def _onnxscript_fusions(src: Path):
     except ImportError as e:
         raise UnsupportedError(f"this onnxscript has no ONNX Runtime fusions ({e}); pip install -U onnxscript") from e
 
-    model, _ = optimize_for_ort(ir.load(str(src)))
-    onnxscript.optimizer.fold_constants(model, input_size_limit=1 << 31, output_size_limit=1 << 31)
+    with _quiet("onnxscript"):
+        model, _ = optimize_for_ort(ir.load(str(src)))
+        onnxscript.optimizer.fold_constants(model, input_size_limit=1 << 31, output_size_limit=1 << 31)
     ir.passes.common.RemoveUnusedNodesPass()(model)
     return ir.serde.serialize_model(model)
 
@@ -108,14 +122,11 @@ def _ort_optimizer(model, info: ModelInfo):
     model_type = ORT_MODEL_TYPES.get(info.model_type)
     if model_type is None:
         return model
-    root, said = logging.getLogger(), io.StringIO()
-    level = root.level
-    root.setLevel(logging.ERROR)  # it logs shape-inference fallbacks at WARNING on the root logger
+    said = io.StringIO()
     try:
-        with contextlib.redirect_stdout(said):  # and prints them
+        with _quiet(None), contextlib.redirect_stdout(said):  # it logs on the root logger and prints
             return optimize_by_fusion(model, model_type=model_type, num_heads=0, hidden_size=0).model
     finally:
-        root.setLevel(level)
         log.debug("onnxruntime.transformers.optimizer: %s", said.getvalue().strip())
 
 
