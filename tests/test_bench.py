@@ -60,6 +60,7 @@ def test_quick_prints_one_table_with_every_path_ran_or_skipped(quick_run):
     assert {row["key"] for row in report["rows"]} == expected  # nothing silently dropped
     ran = {k for k, row in rows_by_key(report).items() if row["status"] == "ok"}
     assert {"torch-fp32-cpu", "torch-int8-cpu", "ort-fp32-cpu", "ort-fp16-cpu"} <= ran
+    assert "ort-fp32fused-cpu" in ran  # export writes the fused CPU graph beside the FP32 one
     for row in report["rows"]:
         if row["status"] == "ok":
             assert [p["batch"] for p in row["points"]] == [1, 2]

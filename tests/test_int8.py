@@ -194,6 +194,9 @@ def test_default_model_int8_passes_the_gate(tmp_path):
     cpu = rec["cpu"]  # the CPU backend's own INT8 graph, gated the same way
     assert cpu["file"] == f"{name}.int8.cpu.onnx" and (tmp_path / "engines" / cpu["file"]).is_file()
     assert cpu["accuracy"]["mean_cosine"] >= 0.99 and cpu["accuracy"]["min_cosine"] >= 0.97
+    assert cpu["source_graph"] == f"{name}.fp32.cpu.onnx"  # quantized from the fused graph
+    fused = json.loads((tmp_path / "engines" / f"{name}.fp32.cpu.onnx.json").read_text())
+    assert fused["fused_ops"] == {"Attention": 6, "BiasGelu": 6, "SkipLayerNormalization": 12}
     cpu_record = json.loads((tmp_path / "engines" / f"{cpu['file']}.json").read_text())
     assert cpu_record["source"] == rec["source"] and cpu_record["sha256"] == cpu["sha256"]
     run = subprocess.run([sys.executable, "-m", "trt_seer", "run", str(tmp_path / "engines" / cpu["file"]),

@@ -113,6 +113,36 @@ def is_decoder(info: ModelInfo) -> bool:
     return info.task == "causal-lm"
 
 
+def fp32_cpu_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = False) -> dict | None:
+    """Stage 1b (encoders): the fused FP32 graph ONNX Runtime's CPU kernels run fast, verified
+    against the FP32 graph; None for a decoder or when no fusion matches (the plain graph serves)."""
+    from importlib.metadata import version
+
+    from trt_seer.errors import UnsupportedError
+
+    if info.family.kind == "decoder":
+        return None
+    dest = art.path("fp32.cpu.onnx")
+    key = sha256_json({"fp32": fp32["sha256"], "onnxscript": version("onnxscript"),
+                       "onnxruntime": version("onnxruntime"), "trt_seer": __version__})
+    record = None if force else up_to_date(dest, manifest.record_path(dest), key)
+    if record:
+        log.info("fp32 CPU ONNX up to date: %s", dest)
+        return record
+    from trt_seer.export.cpu import cpu_onnx_from_fp32
+
+    log.info("fusing the FP32 graph for ONNX Runtime's CPU kernels ...")
+    try:
+        report = cpu_onnx_from_fp32(info, art.path("fp32.onnx"), dest)
+    except UnsupportedError as e:
+        log.warning("warning: no %s: %s", dest.name, e)
+        return None
+    log.info("fused %s; verified against %s: %s", ", ".join(f"{n} {k}" for k, n in report["fused_ops"].items()),
+             art.path("fp32.onnx").name, _fmt_verification(report["verification"]))
+    return write_record(dest, {**inherit(fp32), "precision": "fp32", "form": "onnxruntime CPU (fused)", "key": key,
+                               "fp32_sha256": fp32["sha256"], **report})
+
+
 def _fmt_verification(report: dict) -> str:
     return ", ".join(f"{k} max |Δ| {v['max_abs_diff']:.2e}" for k, v in report["outputs"].items())
 

@@ -25,9 +25,10 @@ PATHS = (
     PathSpec("torch-fp32-cpu", "torch", "fp32", "eager", "cpu", "PyTorch FP32 eager"),
     PathSpec("torch-int8-cpu", "torch", "int8", "dynamic-int8", "cpu", "PyTorch dynamic INT8"),
     PathSpec("ort-fp32-cpu", "onnxruntime", "fp32", "onnx", "cpu", "ONNX Runtime FP32"),
+    PathSpec("ort-fp32fused-cpu", "onnxruntime", "fp32", "onnx-cpu", "cpu", "ONNX Runtime FP32 fused (fp32.cpu.onnx)"),
     PathSpec("ort-fp16-cpu", "onnxruntime", "fp16", "onnx", "cpu", "ONNX Runtime FP16"),
     PathSpec("ort-int8-cpu", "onnxruntime", "int8", "onnx", "cpu", "ONNX Runtime Q/DQ INT8"),
-    PathSpec("ort-int8dyn-cpu", "onnxruntime", "int8", "onnx-cpu", "cpu", "ONNX Runtime dynamic INT8 (int8.cpu.onnx)"),
+    PathSpec("ort-int8dyn-cpu", "onnxruntime", "int8", "onnx-cpu", "cpu", "ONNX Runtime dynamic INT8 fused (int8.cpu.onnx)"),
     PathSpec("torch-fp32-gpu", "torch", "fp32", "eager", "cuda", "PyTorch FP32 eager (TF32 off)"),
     PathSpec("torch-tf32-gpu", "torch", "tf32", "eager", "cuda", "PyTorch FP32 eager (TF32 on)"),
     PathSpec("torch-amp-fp16-gpu", "torch", "fp16", "autocast", "cuda", "PyTorch AMP FP16"),
@@ -40,7 +41,7 @@ PATHS = (
 )
 PATH_BY_KEY = {p.key: p for p in PATHS}
 INT8_PAIRS = (("torch-int8-cpu", "torch-fp32-cpu"), ("ort-int8-cpu", "ort-fp32-cpu"),
-              ("ort-int8dyn-cpu", "ort-fp32-cpu"), ("trt-int8", "trt-fp16"))
+              ("ort-int8dyn-cpu", "ort-fp32fused-cpu"), ("trt-int8", "trt-fp16"))
 FLAVOR_NAMES = {"tensorrt": "TensorRT", "tensorrt_rtx": "TensorRT-RTX"}
 
 
@@ -71,7 +72,7 @@ def label(path: PathSpec, host) -> str:
 
 def artifact_path(path: PathSpec, engines: Path, name: str) -> Path | None:
     if path.backend == "onnxruntime":
-        cpu = ".cpu" if path.mode == "onnx-cpu" else ""  # build --int8 writes int8.cpu.onnx for ONNX Runtime
+        cpu = ".cpu" if path.mode == "onnx-cpu" else ""  # build's CPU forms: fp32.cpu.onnx, int8.cpu.onnx
         return Path(engines) / f"{name}.{path.precision}{cpu}.onnx"
     if path.backend == "tensorrt":
         return Path(engines) / f"{name}.{path.precision}.engine"
@@ -101,5 +102,7 @@ def _how_to_make(path: PathSpec, folder: Path) -> str:
         return f"make it with: trt-seer build --{path.precision} --out {folder}"
     if path.precision == "int8":
         return f"make it with: trt-seer build --int8 --out {folder}"
+    if path.mode == "onnx-cpu":
+        return f"make it with: trt-seer export --out {folder} (encoders)"
     flag = " --fp16" if path.precision == "fp16" else ""
     return f"make it with: trt-seer export{flag} --out {folder}"

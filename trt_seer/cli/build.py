@@ -105,6 +105,7 @@ def run(args) -> int:
         trt.target_description(flavor, spec.hardware_compat, spec.compute_caps)
     art = pipeline.Artifacts(out, info.name)
     fp32 = pipeline.fp32_onnx(info, art, args.force)
+    pipeline.fp32_cpu_onnx(info, art, fp32, args.force)
     for spec in specs:
         onnx_record = _onnx_for(spec.precision, info, art, fp32, args)
         manifest_data, rebuilt = pipeline.engine(onnx_record, art, spec, args.force)

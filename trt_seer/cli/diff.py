@@ -29,8 +29,8 @@ def add_parser(subparsers, common):
                               description=__doc__, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("artifact", metavar="ARTIFACT",
-                   help="engine manifest (<name>.<prec>.manifest.json), ONNX record (<name>.<prec>.onnx.json) "
-                        "or .onnx file; the other artifacts are found beside it by name")
+                   help="engine manifest (<name>.<prec>.manifest.json), ONNX record "
+                        "(<name>.<prec>[.cpu].onnx.json) or .onnx file; the other artifacts are found beside it by name")
     p.add_argument("--against", default=None, metavar="{fp32,pytorch,fp16}",
                    help="reference (default: pytorch for an FP32 ONNX, else the FP32 ONNX)")
     g = p.add_argument_group("held-out data")

@@ -27,6 +27,8 @@ def run(args) -> int:
     art = pipeline.Artifacts(ensure_out_dir(args.out), info.name)
     fp32 = pipeline.fp32_onnx(info, art, args.force)
     log.info("fp32 ONNX: %s", art.path("fp32.onnx"))
+    if pipeline.fp32_cpu_onnx(info, art, fp32, args.force):
+        log.info("fp32 ONNX for ONNX Runtime CPU (fused): %s", art.path("fp32.cpu.onnx"))
     if args.fp16:
         pipeline.fp16_onnx(info, art, fp32, args.force)
         log.info("fp16 ONNX: %s", art.path("fp16.onnx"))

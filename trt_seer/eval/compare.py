@@ -204,6 +204,8 @@ def _layer_pair(result: DiffResult) -> tuple[tuple[Path, Path] | None, str | Non
         return None, "no ONNX candidate ran"
     ref = result.reference
     ref_path = ref.path if ref.backend == "onnxrt" else result.target.artifact("fp32.onnx")
+    if cand.path.name.endswith(".cpu.onnx"):  # a CPU form: its layers are named after the fused graph
+        ref_path = result.target.artifact("fp32.cpu.onnx")
     if not ref_path.is_file():
         return None, f"{ref_path.name} not found"
     if ref_path == cand.path:

@@ -27,6 +27,7 @@ class Target:
     precision: str
     record: Path | None  # the manifest / record that receives the results (None for a bare .onnx)
     data: dict  # its contents ({} when there is none)
+    cpu: bool = False  # an ONNX Runtime CPU form (`<name>.<precision>.cpu.onnx`)
 
     def artifact(self, suffix: str) -> Path:
         return self.path.parent / f"{self.name}.{suffix}"
@@ -56,13 +57,15 @@ class Side:
     path: Path | None = None
 
 
-def _split_name(path: Path, suffix: str) -> tuple[str, str]:
+def _split_name(path: Path, suffix: str) -> tuple[str, str, bool]:
+    """(name, precision, cpu) of `<name>.<precision>[.cpu]<suffix>`."""
     stem = path.name.removesuffix(suffix)
-    name, _, precision = stem.rpartition(".")
+    cpu = suffix != ".manifest.json" and stem.endswith(".cpu")
+    name, _, precision = stem.removesuffix(".cpu" if cpu else "").rpartition(".")
     if not name or precision not in PRECISIONS:
         raise InputError(f"cannot tell name and precision from {path.name}; expected "
-                         f"<name>.<{'|'.join(PRECISIONS)}>{suffix}")
-    return name, precision
+                         f"<name>.<{'|'.join(PRECISIONS)}>[.cpu]{suffix}")
+    return name, precision, cpu
 
 
 def resolve_target(path: Path) -> Target:
@@ -70,15 +73,18 @@ def resolve_target(path: Path) -> Target:
     path = Path(path)
     if path.name.endswith(".manifest.json"):
         data = manifest.read_engine_manifest(path)
-        return Target(path, "engine", *_split_name(path, ".manifest.json"), path, data)
+        name, precision, _ = _split_name(path, ".manifest.json")
+        return Target(path, "engine", name, precision, path, data)
     if path.name.endswith(".onnx.json"):
         data = manifest.read(path)
-        return Target(path, "onnx", *_split_name(path, ".onnx.json"), path, data)
+        name, precision, cpu = _split_name(path, ".onnx.json")
+        return Target(path, "onnx", name, precision, path, data, cpu)
     if path.suffix == ".onnx":
         if not path.is_file():
             raise InputError(f"no such artifact: {path}")
         data = manifest.read_if_exists(manifest.record_path(path)) or {}
-        return Target(path, "onnx", *_split_name(path, ".onnx"), None, data)
+        name, precision, cpu = _split_name(path, ".onnx")
+        return Target(path, "onnx", name, precision, None, data, cpu)
     raise InputError(f"{path} is neither an engine manifest (*.manifest.json), an ONNX record "
                      "(*.onnx.json) nor an .onnx file")
 
@@ -97,12 +103,25 @@ def default_against(target: Target) -> str:
     return "pytorch" if target.kind == "onnx" and target.precision == "fp32" else "fp32"
 
 
-def _onnx_side(target: Target, precision: str) -> Side:
-    path = target.artifact(f"{precision}.onnx")
+def _onnx_side(target: Target, precision: str, cpu: bool = False) -> Side:
+    form = ".cpu" if cpu else ""
+    path = target.artifact(f"{precision}{form}.onnx")
     if not path.is_file():
         hint = "trt-seer export --fp16" if precision != "int8" else "trt-seer build --int8"
         raise InputError(f"no such artifact: {path} (make it with `{hint}`)")
-    return Side(f"onnxrt-{precision}", "onnxrt", precision, path)
+    return Side(f"onnxrt-{precision}{'-cpu' if cpu else ''}", "onnxrt", precision, path)
+
+
+def _cpu_fallback_side(target: Target) -> Side | None:
+    """For an engine: the CPU form ONNX Runtime runs in its place (runtime.onnx_sibling), if `build`
+    wrote one; it is compared too, since it is what answers where the engine cannot run."""
+    from trt_seer.runtime import onnx_sibling
+
+    path = onnx_sibling(target.artifact(f"{target.precision}.engine"))
+    if not path.name.endswith(".cpu.onnx"):
+        return None
+    precision = path.name.removesuffix(".cpu.onnx").rpartition(".")[2]
+    return Side(f"onnxrt-{precision}-cpu", "onnxrt", precision, path)
 
 
 def reference_side(target: Target, against: str) -> Side:
@@ -121,13 +140,16 @@ def plan(target: Target, against: str) -> tuple[Side, list[Side], list[dict]]:
     cands, not_run = [], []
     onnx_path = target.artifact(f"{target.precision}.onnx")
     if target.kind == "onnx" or onnx_path.is_file():
-        cand = _onnx_side(target, target.precision)  # a missing ONNX target is an input error
+        cand = _onnx_side(target, target.precision, target.cpu)  # a missing ONNX target is an input error
         if cand.path != ref.path:
             cands.append(cand)
     else:
         not_run.append({"comparison": f"onnxrt-{target.precision} vs {ref.label}",
                         "reason": f"{onnx_path.name} not found beside the engine"})
     if target.kind == "engine":
+        cpu = _cpu_fallback_side(target)
+        if cpu is not None and cpu.path != ref.path:
+            cands.append(cpu)
         engine = _engine_side(target)
         reason = engine_unavailable_reason(target.data)
         if reason:

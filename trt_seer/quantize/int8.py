@@ -24,6 +24,8 @@ from trt_seer.files import ensure_out_dir, sha256_file, sha256_json
 log = logging.getLogger(__name__)
 HELDOUT_EVERY = 5  # user data: every 5th sample is held out for the gate
 HELDOUT_SAMPLES = 160
+CPU_INT8_FORM = "onnxruntime dynamic INT8 (per-channel S8 weights, U8 activations) on the fused CPU graph"
+CPU_INT8_OPS = ("MatMul", "Attention")  # fused Attention becomes QAttention (INT8 QKV projection)
 
 
 @dataclass(frozen=True)
@@ -227,6 +229,7 @@ def _key(fp32: dict, fp16: dict, args, gate: Gate) -> str:
         "smooth": args.smooth_alpha, "mode": resolve_mode(args),
         "gate": [gate.min_cosine, gate.min_cosine_each, gate.min_top1],
         "seed": sha256_file(Path(seed)) if seed and Path(seed).is_file() else seed, "trt_seer": __version__,
+        "cpu": CPU_INT8_FORM,
     })
 
 
@@ -252,10 +255,11 @@ def _gated(write, evaluate, gate, task: str, rank, label: str = "INT8") -> tuple
     return excluded, metrics, fails, rows
 
 
-def _rank(fp32_path: Path, cand: Path, batches: list, nodes: list[str]) -> list[str]:
+def _rank(fp32_path: Path, cand: Path, batches: list, nodes: list[str] | None,
+          ops: tuple = ("MatMul", "Gemm")) -> list[str]:
     from trt_seer.quantize import layers
 
-    profile_rows = layers.layer_error_profile(fp32_path, cand, batches[:4], nodes)
+    profile_rows = layers.layer_error_profile(fp32_path, cand, batches[:4], nodes, ops)
     return [r["node"] for r in sorted(profile_rows, key=lambda r: -r["added_error"])]
 
 
@@ -342,33 +346,40 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
         "accuracy": {"onnx_vs_fp32": evaluate.accuracy_entry(metrics, dest, fp32_path),
                      "gate": {"passed": True, "thresholds": gate.__dict__, "measured_on": evaluate.measured_on(dest),
                               "table": [[r[0], r[1], not r[2]] for r in rows]}},
-        "cpu": _cpu_int8(info, art, cd, gate, nodes)}
+        "cpu": _cpu_int8(info, art, cd, gate)}
 
 
-def _cpu_int8(info: ModelInfo, art: pipeline.Artifacts, cd: CalibData, gate: Gate, nodes: list[str]) -> dict:
+def _cpu_int8(info: ModelInfo, art: pipeline.Artifacts, cd: CalibData, gate: Gate) -> dict:
     """The CPU backend's own INT8 artifact (`<name>.int8.cpu.onnx`): ONNX Runtime's dynamic INT8
-    MatMuls (per-channel weights), which its CPU kernels run faster than FP32, unlike TensorRT-style
-    S8 Q/DQ graphs. Gated the same way; returns its section of the INT8 record."""
+    MatMuls and QAttention (per-channel S8 weights, U8 activations quantized at run time) on the
+    fused CPU graph (`fp32.cpu.onnx`; else the plain graph's MatMuls), which its CPU kernels run
+    faster than FP32, unlike TensorRT-style S8 Q/DQ graphs (docs/DESIGN.md has the measured
+    alternatives). Gated against the FP32 graph the same way; the fallback keeps the fused graph's
+    own MatMuls and Attentions that add the most error in FP32."""
     from trt_seer.eval import evaluate
     from trt_seer.quantize import qdq as quantize
 
+    fused = art.path("fp32.cpu.onnx")
     fp32_path, dest = art.path("fp32.onnx"), art.path("int8.cpu.onnx")
-    log.info("writing the CPU INT8 graph (ONNX Runtime dynamic quantization) ...")
+    src = fused if fused.is_file() else fp32_path
+    ops = CPU_INT8_OPS if src == fused else ("MatMul",)
+    log.info("writing the CPU INT8 graph (ONNX Runtime dynamic INT8 on %s) ...", src.name)
     excluded, metrics, fails, rows = _gated(
-        lambda ex: quantize.ort_dynamic_int8(fp32_path, dest, ex),
+        lambda ex: quantize.ort_dynamic_int8(src, dest, ex, ops),
         lambda: evaluate.compare_onnx(info, cd.reference(fp32_path), dest, cd.heldout), gate, info.task,
-        lambda: _rank(fp32_path, art.path("int8.onnx"), cd.heldout, nodes))
-    log.info("CPU INT8 accuracy vs FP32:\n%s", _gate_table(rows))
+        lambda: _rank(src, dest, cd.heldout, None, ("MatMul", "Gemm", *ops)))
+    log.info("CPU INT8 accuracy vs FP32 (layers kept out of INT8 stay FP32):\n%s", _gate_table(rows))
     if fails:
         dest.unlink(missing_ok=True)
         log.warning("warning: no CPU INT8 artifact: it cannot pass the gate (%s)", "; ".join(fails))
         return {"file": None, "reason": "; ".join(fails)}
     fp32 = manifest.read(manifest.record_path(fp32_path))
     accuracy = evaluate.accuracy_entry(metrics, dest, fp32_path)
-    record = pipeline.write_record(dest, {**pipeline.inherit(fp32), "precision": "int8", "form": "onnxruntime dynamic INT8",
-                                          "fp32_sha256": fp32["sha256"], "fp32_gemms": sorted(excluded),
-                                          "accuracy": {"onnx_vs_fp32": accuracy}})
-    return {"file": dest.name, "sha256": record["sha256"], "fp32_gemms": sorted(excluded), "accuracy": accuracy}
+    record = pipeline.write_record(dest, {**pipeline.inherit(fp32), "precision": "int8", "form": CPU_INT8_FORM,
+                                          "source_graph": src.name, "fp32_sha256": fp32["sha256"],
+                                          "fp32_gemms": sorted(excluded), "accuracy": {"onnx_vs_fp32": accuracy}})
+    return {"file": dest.name, "sha256": record["sha256"], "source_graph": src.name, "fp32_gemms": sorted(excluded),
+            "accuracy": accuracy}
 
 
 def write_int8_record(dest: Path, fp32: dict, fp16: dict, key: str, extra: dict) -> dict:

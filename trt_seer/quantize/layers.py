@@ -32,15 +32,17 @@ class JumpRule:
     min_added: float = 0.01
 
 
-def profiled_tensors(ref_model, cand_model, nodes=None) -> list[dict]:
-    """[{node, op, tensor}] for MatMul/Gemm outputs present in both graphs, in reference order.
+def profiled_tensors(ref_model, cand_model, nodes=None, ops: tuple = PROFILED_OPS) -> list[dict]:
+    """[{node, op, tensor}] for the reference's MatMul/Gemm outputs present in both graphs (made by
+    any op in the candidate, e.g. ONNX Runtime's dynamic INT8 MatMulInteger + Mul), in reference order.
 
     Args:
         nodes: reference node names to keep (default: every matched MatMul/Gemm).
+        ops: the reference op types profiled (e.g. add "Attention" for a fused graph).
     """
-    cand = {n.output[0] for n in cand_model.graph.node if n.op_type in PROFILED_OPS}
+    cand = {o for n in cand_model.graph.node for o in n.output}
     rows = [{"node": n.name, "op": n.op_type, "tensor": n.output[0]} for n in ref_model.graph.node
-            if n.op_type in PROFILED_OPS and n.output[0] in cand]
+            if n.op_type in ops and n.output[0] in cand]
     if nodes is None:
         return rows
     wanted = list(nodes)
@@ -118,7 +120,8 @@ def received_errors(model, rows: list[dict], rel: np.ndarray) -> np.ndarray:
     return received
 
 
-def layer_error_profile(ref_onnx: Path, cand_onnx: Path, batches: list[dict], nodes=None) -> list[dict]:
+def layer_error_profile(ref_onnx: Path, cand_onnx: Path, batches: list[dict], nodes=None,
+                        ops: tuple = PROFILED_OPS) -> list[dict]:
     """Relative error per MatMul/Gemm layer of `cand_onnx` against `ref_onnx`, in graph order.
 
     Args:
@@ -126,6 +129,7 @@ def layer_error_profile(ref_onnx: Path, cand_onnx: Path, batches: list[dict], no
         cand_onnx: the reduced-precision graph with the same node outputs (FP16-typed or Q/DQ).
         batches: feeds dicts for both graphs.
         nodes: reference node names to profile (default: every MatMul/Gemm found in both graphs).
+        ops: the reference op types profiled (MatMul and Gemm by default).
 
     Returns:
         [{index, node, op, tensor, rel_error, received_error, added_error, max_abs_error}]:
@@ -137,7 +141,7 @@ def layer_error_profile(ref_onnx: Path, cand_onnx: Path, batches: list[dict], no
     if not batches:
         raise InputError("layer error profile needs at least one batch of inputs")
     ref_model, cand_model = onnx.load(str(ref_onnx)), onnx.load(str(cand_onnx))
-    rows = profiled_tensors(ref_model, cand_model, nodes)
+    rows = profiled_tensors(ref_model, cand_model, nodes, ops)
     if not rows:
         raise InputError(f"{Path(cand_onnx).name} and {Path(ref_onnx).name} share no MatMul/Gemm outputs")
     tensors = [r["tensor"] for r in rows]

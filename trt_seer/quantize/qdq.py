@@ -216,9 +216,10 @@ def count_qdq(model) -> dict:
     return {"quantize": ops.count("QuantizeLinear"), "dequantize": ops.count("DequantizeLinear")}
 
 
-def ort_dynamic_int8(fp32_path, dest, exclude: frozenset = frozenset()):
+def ort_dynamic_int8(fp32_path, dest, exclude: frozenset = frozenset(), ops: tuple = ("MatMul",)):
     """FP32 ONNX -> ONNX Runtime dynamic INT8 (per-channel weights, activations quantized at run
-    time) for the CPU backend; `exclude` GEMMs stay FP32. Written atomically."""
+    time) for the CPU backend: `ops` nodes (MatMul with constant weights; Attention becomes
+    QAttention) except `exclude` stay FP32. Written atomically."""
     import logging
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -231,7 +232,7 @@ def ort_dynamic_int8(fp32_path, dest, exclude: frozenset = frozenset()):
     try:
         with onnxio.staged(dest) as tmp:
             quantize_dynamic(str(fp32_path), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
-                             op_types_to_quantize=["MatMul"], nodes_to_exclude=sorted(exclude),
+                             op_types_to_quantize=list(ops), nodes_to_exclude=sorted(exclude),
                              extra_options={"MatMulConstBOnly": True})
     finally:
         root.setLevel(level)

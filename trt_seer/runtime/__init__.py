@@ -22,15 +22,22 @@ from trt_seer.runtime.io import IOSpec
 
 __all__ = ["load", "Model", "Pending", "IOSpec", "onnx_sibling", "tensorrt_unavailable_reason"]
 BACKENDS = ("auto", "tensorrt", "onnxruntime")
+CPU_FORMS = {"fp32": "fp32", "fp16": "fp32", "int8": "int8"}  # engine precision -> its CPU artifact's
 
 
 def onnx_sibling(engine_path: Path) -> Path:
-    """`x.fp16.engine` -> `x.fp16.onnx`: the graph of the same precision the engine was built from;
-    for INT8, `x.int8.cpu.onnx` (ONNX Runtime's own fast INT8 form) when `build` wrote one."""
+    """The ONNX graph ONNX Runtime's CPU provider runs in an engine's place: the fast CPU form
+    `build` writes beside it when there is one, else the graph the engine was built from.
+
+    `x.int8.engine` -> `x.int8.cpu.onnx` (dynamic INT8 on the fused graph), `x.fp32.engine` and
+    `x.fp16.engine` -> `x.fp32.cpu.onnx` (fused FP32: faster on the CPU than the FP16-typed graph,
+    which runs no faster than the plain FP32 one there, and exact); else `x.<precision>.onnx`."""
     engine_path = Path(engine_path)
     stem = engine_path.name.removesuffix(".engine")
-    cpu = engine_path.with_name(stem + ".cpu.onnx")
-    return cpu if stem.endswith(".int8") and cpu.is_file() else engine_path.with_name(stem + ".onnx")
+    name, _, precision = stem.rpartition(".")
+    cpu_form = CPU_FORMS.get(precision)
+    cpu = engine_path.with_name(f"{name}.{cpu_form}.cpu.onnx") if name and cpu_form else None
+    return cpu if cpu is not None and cpu.is_file() else engine_path.with_name(stem + ".onnx")
 
 
 def tensorrt_unavailable_reason(device: int = 0) -> str | None:

@@ -26,10 +26,13 @@ OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC"
 
 @dataclass(frozen=True)
 class OrtOptions:
-    """`threads`: intra-op threads (0: ONNX Runtime's default, one per physical core)."""
+    """`threads`: intra-op threads (0: ONNX Runtime's default, one per physical core). `spinning`:
+    idle pool threads busy-wait for the next op (lower latency on dedicated cores); turn it off
+    where other processes share the cores, which it slows (docs/BENCHMARKS.md)."""
 
     threads: int = 0
     optimization: str = "all"
+    spinning: bool = True
 
     def __post_init__(self):
         if self.threads < 0:
@@ -48,6 +51,8 @@ def session_options(options: OrtOptions):
     so.intra_op_num_threads = options.threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
+    if not options.spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
 
 
