@@ -556,3 +556,15 @@ def test_causal_lm_bad_input_is_one_line_exit_2_and_writes_nothing(lm, toy, tmp_
     assert code == 2, err
     assert len(err.splitlines()) == 1 and needle in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == [train.name]
+
+
+def test_diverged_training_fails_and_writes_no_checkpoint(lm):
+    """A step size that blows the weights up: the loss goes non-finite, finetune stops with exit
+    code 1 and a hint, and no checkpoint is left for `build` to pick up."""
+    from trt_seer.errors import TrainingDivergedError
+
+    spec = lm_spec(lm, "lm-diverged", amp=AmpSpec("bf16"), epochs=4, lr=1e6, clip_norm=0.0)
+    with pytest.raises(TrainingDivergedError, match=r"training diverged in epoch \d+ .*lower --lr") as e:
+        finetune(spec)
+    assert e.value.exit_code == 1
+    assert not (lm / "lm-diverged" / "config.json").exists()

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ckpt, out = args.work / "small-lm", args.work / "engines"
     if not (ckpt / "config.json").is_file():
         cli("finetune", "--task", "causal-lm", "--model", str(init), "--out", str(ckpt), "--epochs", str(args.epochs),
-            "--lr", "3e-3", "--batch", "16", "--max-seq", "256", "--amp", "bf16")
+            "--lr", "1e-3", "--batch", "16", "--max-seq", "256", "--amp", "bf16")
     cli("build", "--model", str(ckpt), "--fp16", "--int8", "--int4", "--batch", "1,8,16", "--seq", "1,64,256",
         "--max-total", "512", "--out", str(out))
     rows = heldout_rows(ckpt, 128, 64)

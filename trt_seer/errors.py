@@ -42,6 +42,10 @@ class AccuracyGateError(TrtSeerError):
     """A reduced-precision artifact failed its accuracy gate. Exit code 1."""
 
 
+class TrainingDivergedError(TrtSeerError):
+    """Fine-tuning produced a non-finite loss; no checkpoint is written. Exit code 1."""
+
+
 class BuildError(TrtSeerError):
     """TensorRT failed to parse or build. Exit code 1."""
 

@@ -17,6 +17,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from trt_seer.errors import TrainingDivergedError
 from trt_seer.finetune import distributed
 from trt_seer.finetune.data import COMPILED_PAD_MULTIPLE, PAD_MULTIPLE, Encoded, collate, plan_batches
 from trt_seer.finetune.distributed import Context
@@ -276,8 +277,18 @@ def fit(tr: Trainer, train: Encoded, evaluation: Encoded, spec: FinetuneSpec, re
                **evaluate(tr, evaluation, spec.batch), "loss_scale": loss_scale(tr)}
         reporter.record(row)
         reporter.info(_epoch_line(row, tr.objective))
+        check_finite(row, spec)
         epochs.append(row)
     return epochs
+
+
+def check_finite(row: dict, spec: FinetuneSpec) -> None:
+    """A NaN or infinite training loss means the weights are gone: stop before any checkpoint is
+    written, and say what to change."""
+    if not math.isfinite(row["train_loss"]):
+        raise TrainingDivergedError(f"training diverged in epoch {row['epoch']} (train loss {row['train_loss']}); "
+                                    f"no checkpoint written: lower --lr (now {spec.lr:g}) or --clip-norm "
+                                    f"(now {spec.clip_norm:g}), or use --amp fp16 with its loss scaling")
 
 
 def _epoch_line(row: dict, objective) -> str:
