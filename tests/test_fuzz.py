@@ -57,6 +57,10 @@ def built(tmp_path_factory) -> Path:
     args = ["build", "--fp16", *TINY_PROFILE] if HAS_TRT else ["export", "--fp16"]
     r = cli(*args, "--model", ckpt, "--out", root / "art")
     assert r.returncode == 0, r.stderr
+    llama = make_tiny_checkpoint("llama", "causal-lm", root / "llama")  # for `generate`
+    _tokenizer(llama)
+    r = cli("export", "--model", llama, "--out", root / "dec")
+    assert r.returncode == 0, r.stderr
     return root
 
 
@@ -293,9 +297,28 @@ FINETUNE = [
          "is not a JSON object"),
 ]
 
-# `generate` cases go here once that command exists (same Case form, e.g. a prompt file that is not
-# UTF-8, --max-new-tokens 0, a decoder engine manifest of another flavor).
-GENERATE: list[Case] = []
+def DECODER(e: Env) -> Path:
+    """The tiny causal LM's FP32 graph (read only: generate writes nothing)."""
+    return e.ckpt.parent / "dec" / "llama.fp32.onnx"
+
+
+GENERATE = [
+    Case("generate-encoder-artifact", lambda e: ["generate", e.art / "ckpt.fp16.onnx", "--prompt", "w2"],
+         "generation needs a causal-lm one"),
+    Case("generate-encoder-engine", lambda e: ["generate", e.art / ENGINE, "--prompt", "w2"],
+         "generation needs a causal-lm one", needs_engine=True),
+    Case("generate-missing-artifact", lambda e: ["generate", e.tmp / "nope.fp16.onnx", "--prompt", "w2"], "not found"),
+    Case("generate-prompt-too-long", lambda e: ["generate", DECODER(e), "--prompt", " ".join(["w5"] * 600)],
+         "the artifact takes at most"),
+    Case("generate-file-not-utf8", lambda e: ["generate", DECODER(e), "--file", e.file("p.txt", NOT_UTF8)],
+         "cannot read --file"),
+    Case("generate-no-new-tokens", lambda e: ["generate", DECODER(e), "--prompt", "w2", "--max-new-tokens", "0"],
+         "--max-new-tokens"),
+    Case("generate-top-p-out-of-range", lambda e: ["generate", DECODER(e), "--prompt", "w2", "--top-p", "2"],
+         "top_p must be in (0, 1]"),
+    Case("generate-tokenizer-dir-without-one", lambda e: ["generate", DECODER(e), "--prompt", "w2",
+                                                          "--tokenizer", e.tmp], "no tokenizer.json"),
+]
 
 CASES = BUILD + EXPORT + RUN + DIFF + BENCH + FINETUNE + GENERATE
 
