@@ -8,6 +8,7 @@ forces a flavor when both are installed.
 from __future__ import annotations
 
 import functools
+import logging
 import importlib
 import os
 import sys
@@ -21,6 +22,8 @@ from trt_seer.errors import DependencyError, UnsupportedError
 FLAVORS = ("tensorrt", "tensorrt_rtx")
 MIN_TENSORRT = Version("10.0")
 HARDWARE_COMPAT = {"none": "NONE", "ampere+": "AMPERE_PLUS", "same-cc": "SAME_COMPUTE_CAPABILITY"}
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -189,8 +192,8 @@ def build_gpu() -> dict | None:
     on a machine without one (TensorRT-RTX builds on CPU). Asks cuda-python, else torch."""
     try:
         return _cudart_gpu()
-    except ImportError:
-        pass  # no cuda-python: torch, which every export needs, can tell as well
+    except ImportError as e:  # no cuda-python: torch, which every export needs, can tell as well
+        log.debug("no cuda-python (%s); asking torch for the build GPU", e)
     try:
         import torch
     except ImportError:

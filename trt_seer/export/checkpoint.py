@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 import re
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from trt_seer.export import onnxio
+from trt_seer.export.tolerance import Tolerance  # noqa: F401  (export API: checkpoint.Tolerance)
 from trt_seer.errors import ExportMismatchError, InputError, UnsupportedError
 from trt_seer.export.families import TASKS, ModelInfo
 
@@ -27,10 +27,6 @@ TRACE_SHAPE = (2, 16)  # (batch, seq) used for tracing
 VERIFY_SHAPES = ((3, 23), (1, 61))  # differ from the traced shape in both axes
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    atol: float = 1e-4
-    rtol: float = 2e-4  # relative to the largest |reference| value of the output
 
 
 def load_model(info: ModelInfo):

@@ -24,6 +24,7 @@ import numpy as np
 
 from trt_seer.errors import ExportMismatchError
 from trt_seer.export import onnxio
+from trt_seer.export.tolerance import Tolerance
 from trt_seer.export.families import ModelInfo, decoder_io, num_layers
 
 TRACE_CASE = (2, 5, 3)  # (batch, seq, past_seq) used for tracing; no axis of size 0 or 1
@@ -188,8 +189,6 @@ def verify_decoder(step, shape: DecoderShape, onnx_path: Path, name: str, tol) -
 
 def onnx_from_decoder(info: ModelInfo, dest: Path, tol=None) -> dict:
     """Exports `info`'s causal LM with a KV cache to `dest` and verifies it; returns the report."""
-    from trt_seer.export.checkpoint import Tolerance
-
     tol = tol or Tolerance()
     shape = decoder_shape(info.config)
     step = wrap_decoder(load_decoder(info), shape)

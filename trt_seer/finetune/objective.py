@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from trt_seer.finetune import data as fdata
+import trt_seer.finetune.data as fdata
 from trt_seer.finetune.data import IGNORE_INDEX, Dataset, Encoded
 from trt_seer.finetune.spec import DataSpec
 

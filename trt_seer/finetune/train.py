@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass
 
 from trt_seer.errors import TrainingDivergedError
-from trt_seer.finetune import distributed
+import trt_seer.finetune.distributed as distributed
 from trt_seer.finetune.data import COMPILED_PAD_MULTIPLE, PAD_MULTIPLE, Encoded, collate, plan_batches
 from trt_seer.finetune.distributed import Context
 from trt_seer.finetune.monitor import Reporter, peak_memory, reset_peak_memory

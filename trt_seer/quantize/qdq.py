@@ -45,22 +45,25 @@ def _initializers(model) -> dict:
     return {t.name: t for t in model.graph.initializer}
 
 
+def nearest_gemms(model, output: str) -> set[str]:
+    """The GEMMs nearest `output` on every path back from it (the head that computes it)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    heads, stack, seen = set(), [output], set()
+    while stack:
+        node = producer.get(stack.pop())
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        if node.op_type in GEMM_OPS:
+            heads.add(node.name)
+            continue
+        stack.extend(node.input)
+    return heads
+
+
 def _head_gemms(model) -> set[str]:
     """The GEMM nearest each graph output (the classifier / LM head): kept out of INT8."""
-    producer = {o: n for n in model.graph.node for o in n.output}
-    heads = set()
-    for out in model.graph.output:
-        stack, seen = [out.name], set()
-        while stack:
-            node = producer.get(stack.pop())
-            if node is None or node.name in seen:
-                continue
-            seen.add(node.name)
-            if node.op_type in GEMM_OPS:
-                heads.add(node.name)
-                continue
-            stack.extend(node.input)
-    return heads
+    return set().union(*(nearest_gemms(model, out.name) for out in model.graph.output))
 
 
 def _weight_axis(node, weight_index: int) -> int:

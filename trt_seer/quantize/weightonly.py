@@ -78,17 +78,10 @@ def _weight_kn(node, inits: dict) -> tuple[str, bool] | None:
 
 def lm_head(model) -> str | None:
     """The GEMM nearest the `logits` output (the LM head), or None."""
-    producer = {o: n for n in model.graph.node for o in n.output}
-    stack, seen = [LOGITS], set()
-    while stack:
-        node = producer.get(stack.pop())
-        if node is None or node.name in seen:
-            continue
-        seen.add(node.name)
-        if node.op_type in GEMM_OPS:
-            return node.name
-        stack.extend(node.input)
-    return None
+    from trt_seer.quantize.qdq import nearest_gemms
+
+    heads = sorted(nearest_gemms(model, LOGITS))
+    return heads[0] if heads else None
 
 
 def find_targets(model, spec: WeightOnlySpec) -> list[Target]:

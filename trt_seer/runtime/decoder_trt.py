@@ -21,7 +21,7 @@ import numpy as np
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
-from trt_seer.runtime import cuda
+import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.engine import EngineOptions, check_manifest, deserialize, open_device
 
 SMALL_INPUTS = ("input_ids", "attention_mask", "position_ids")

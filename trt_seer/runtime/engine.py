@@ -30,7 +30,7 @@ from trt_seer.engine import manifest as manifest_io
 from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import CudaError, DependencyError, InputError, ManifestMismatchError, TrtSeerError
 from trt_seer.files import atomic_write_bytes
-from trt_seer.runtime import cuda
+import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.base import Model
 from trt_seer.runtime.io import DeviceTensor, IOSpec, out_view, token_axes, validate_feeds, validate_out
 from trt_seer.runtime.slot import EnginePending, Slot, SlotPool

@@ -10,16 +10,12 @@ from __future__ import annotations
 import collections
 import threading
 import weakref
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trt_seer.errors import CudaError, InputError, UnsupportedError
-from trt_seer.runtime import cuda
-from trt_seer.runtime.base import CallGate, Pending
-
-if TYPE_CHECKING:
-    from trt_seer.runtime.engine import TensorRTModel
+import trt_seer.runtime.cuda as cuda
+from trt_seer.runtime.base import CallGate, Model, Pending
 
 CACHE_LIMIT = 256  # output shapes kept per slot (one entry per input shape seen)
 
@@ -33,7 +29,7 @@ class Slot:
     differ from those of its last `enqueueV3`: TensorRT redoes shape-dependent work on the next
     enqueue, so a captured graph may replay only once an eager enqueue has run in the current state."""
 
-    def __init__(self, model: "TensorRTModel"):
+    def __init__(self, model: Model):
         self.context = model._new_context()
         self.input_names = model.input_names
         self.stream = cuda.Stream()
@@ -54,7 +50,7 @@ class Slot:
         for name, buf in self.outputs.items():
             self.bind(name, buf.device_ptr)
 
-    def _max_output_shapes(self, model: "TensorRTModel") -> dict[str, tuple[int, ...]]:
+    def _max_output_shapes(self, model: Model) -> dict[str, tuple[int, ...]]:
         shapes = self.output_shapes(tuple(s.max_shape for s in model.inputs))
         unknown = [n for n, shape in shapes.items() if min(shape, default=0) < 0]
         if unknown:
@@ -155,7 +151,7 @@ class EnginePending(Pending):
     copy): host views of pinned buffers are copied into fresh arrays (copy=True); caller buffers
     and device tensors are returned as they are."""
 
-    def __init__(self, model: "TensorRTModel", slot: Slot, results: list, keepalive):
+    def __init__(self, model: Model, slot: Slot, results: list, keepalive):
         self._model, self._slot, self._results = model, slot, results
         self._outputs: dict | None = None
         self._lock = threading.Lock()
