@@ -248,3 +248,20 @@ def test_mistral_past_its_sliding_window_matches_hugging_face(artifacts):
     results = gen.generate(PROMPTS[:3], Sampling(max_new_tokens=48))
     assert max(len(p) + len(r.token_ids) for p, r in zip(prompts, results)) > 32 + 8
     assert [r.token_ids for r in results] == hf_greedy(ckpt, prompts, 48)
+
+
+def test_generation_speed_of_an_onnx_runtime_step(artifacts):
+    """bench.generate measures any DecoderStep: decode tokens/s per batch, TTFT per prompt length
+    (lengths past the step's limit are left out), and the table names every path and column."""
+    from trt_seer.bench.generate import GenBenchSpec, measure_step, table
+    from trt_seer.runtime.decoder_ort import OrtDecoderStep
+
+    _, fp32, _ = artifacts["llama"]
+    step = OrtDecoderStep(fp32)
+    spec = GenBenchSpec(batches=(1, 2), prompt=8, new_tokens=4, ttft_prompts=(8, step.max_total + 1), repeats=1)
+    row = measure_step(step, VOCAB, spec)
+    assert [d["batch"] for d in row["decode"]] == [1, 2]
+    assert all(d["tokens_per_s"] > 0 and d["ms_per_step"] > 0 for d in row["decode"])
+    assert list(row["ttft_ms"]) == [8] and row["ttft_ms"][8] > 0
+    text = table({"ort fp32": row}, spec, "ort fp32")
+    assert "| ort fp32 |" in text and "1.00x" in text and "decode tok/s b2" in text

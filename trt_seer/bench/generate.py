@@ -47,14 +47,18 @@ def decode_rate(step, batch: int, spec: GenBenchSpec, vocab: int) -> dict:
     ids, mask, pos = _prompt(rng, batch, spec.prompt, vocab)
     step.reset(batch)
     logits = step.step(ids, mask, pos)
+    device_ms = []
     start = time.perf_counter()
     for t in range(spec.new_tokens):
         token = logits.argmax(axis=-1).astype(np.int64)[:, None]  # (batch, 1)
         mask = np.ones((batch, spec.prompt + t + 1), dtype=np.int64)
         logits = step.step(token, mask, np.full((batch, 1), spec.prompt + t, dtype=np.int64))
+        if getattr(step, "last_gpu_ms", None) is not None:
+            device_ms.append(step.last_gpu_ms)
     seconds = time.perf_counter() - start
     return {"batch": batch, "tokens_per_s": batch * spec.new_tokens / seconds,
-            "ms_per_step": seconds / spec.new_tokens * 1e3}
+            "ms_per_step": seconds / spec.new_tokens * 1e3,
+            "device_ms_per_step": statistics.median(device_ms) if device_ms else None}
 
 
 def ttft_ms(step, prompt: int, spec: GenBenchSpec, vocab: int) -> float:
@@ -108,7 +112,8 @@ def hf_generate_rows(model, vocab: int, spec: GenBenchSpec = GenBenchSpec()) -> 
 
 def table(rows: dict[str, dict], spec: GenBenchSpec, baseline: str | None = None) -> str:
     """Markdown: one row per path; decode tokens/s per batch, TTFT per prompt, memory, cost."""
-    head = ["Path", *(f"decode tok/s b{b}" for b in spec.batches), *(f"TTFT {p} ms" for p in spec.ttft_prompts),
+    head = ["Path", *(f"decode tok/s b{b}" for b in spec.batches), f"step ms b{spec.batches[0]} (device)",
+            *(f"TTFT {p} ms" for p in spec.ttft_prompts),
             "GPU memory", f"$ / 1M tokens b{spec.batches[-1]}"]
     if baseline:
         head.insert(1 + len(spec.batches), f"vs {baseline} b{spec.batches[0]}")
@@ -119,6 +124,9 @@ def table(rows: dict[str, dict], spec: GenBenchSpec, baseline: str | None = None
         cells = [name, *(f"{x:,.0f}" for x in rates)]
         if baseline:
             cells.append(f"{rates[0] / base:.2f}x" if base else "n/a")
+        first = r["decode"][0]
+        device = first.get("device_ms_per_step")
+        cells.append(f"{first['ms_per_step']:.2f}" + (f" ({device:.2f})" if device is not None else ""))
         cells += [f"{r['ttft_ms'][p]:.1f}" if p in r["ttft_ms"] else "n/a" for p in spec.ttft_prompts]
         mem = r.get("memory_bytes")
         cells.append("n/a" if mem is None else f"{mem / 2**30:.2f} GiB")

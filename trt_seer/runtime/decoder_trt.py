@@ -57,6 +57,8 @@ class TensorRTDecoder:
         self._logger = trt_adapter.logger(self.flavor, options.verbose)
         self._runtime, self.engine = deserialize(self.path, self.manifest, self.flavor, self.gpu, self._logger)
         self.stream = cuda.Stream()
+        self._start, self._end = cuda.Event(), cuda.Event()
+        self.last_gpu_ms = None  # the engine's own GPU time in the last step (CUDA events)
         self._names()
         self.max_batch = int(self.manifest["profiles"][0]["batch"][2])
         self.max_total = int(self.decoder["max_total"])
@@ -131,11 +133,14 @@ class TensorRTDecoder:
             self._bind(ctx, past, kv_shape, self._kv[self._cur][i].device_ptr)
             ctx.set_tensor_address(present, self._kv[1 - self._cur][i].device_ptr)
         ctx.set_tensor_address("logits", self._logits.device_ptr)
+        self._start.record(stream)
         if not ctx.execute_async_v3(int(stream)):
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
             raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
+        self._end.record(stream)
         self._logits.d2h_async(stream, _nbytes((self.batch, 1, self.vocab), self.logits_dtype))
         self.stream.synchronize()
+        self.last_gpu_ms = self._end.elapsed_ms(self._start)
         self._cur, self.past = 1 - self._cur, self.past + seq
         logits = self._logits.host_view((self.batch, self.vocab), self.logits_dtype)
         return logits.astype(np.float32, copy=True)
@@ -175,7 +180,8 @@ class TensorRTDecoder:
         for buf in (*self._kv[0], *self._kv[1], *self._small.values(), self._logits):
             buf.close()
         self._contexts, self.engine, self._runtime = [], None, None
-        self.stream.close()
+        for owned in (self._start, self._end, self.stream):
+            owned.close()
 
     def __enter__(self):
         return self
