@@ -426,7 +426,7 @@ def engine_manifest(tmp_path, flavor="tensorrt_rtx", version="1.7.1.116", target
             "tensorrt": {"flavor": flavor, "version": version},
             "targets": targets or {"mode": "ampere+", "compute_capabilities": []},
             "profiles": [{"batch": [1, 8, 32], "seq": [8, 128, 256]}],
-            "io": {"inputs": [], "outputs": []}, "build": {"settings": build}}
+            "io": {"inputs": [], "outputs": []}, "build": {"key": "fabricated", "settings": build}}
     manifest.write(manifest.engine_manifest_path(path), data)
     return manifest.read_engine_manifest(manifest.engine_manifest_path(path))
 

@@ -26,7 +26,7 @@ TIMING_NOTE = ("p50/p90/p99, samples/s and cost: end to end, host inputs to host
 def job(planned: Planned, info, spec: BenchSpec, out: Path, eval_batch: int, timed: bool = True,
         copies: bool = False) -> dict:
     """The job file one worker process reads."""
-    return {"path": planned.path.key, "model": str(info.path), "task": info.task,
+    return {"path": planned.path.key, "model": str(info.path), "task": info.task, "info": info.to_dict(),
             "artifact": str(planned.artifact) if planned.artifact else None,
             "batches": list(planned.batches) if timed else [], "seq": spec.seq, "threads": spec.threads,
             "timing": asdict(spec.timing), "eval_samples": spec.eval_samples, "eval_batch": eval_batch,

@@ -97,9 +97,9 @@ def work(job: dict) -> dict:
     bandwidth); writes eval.npz into job["out"]."""
     import numpy as np
 
-    from trt_seer.export.families import resolve_model
+    from trt_seer.export.families import ModelInfo
 
-    info = resolve_model(job["model"], job["task"])
+    info = ModelInfo.from_dict(job["info"])  # as the parent resolved it: no transformers (or torch) here
     path = PATH_BY_KEY[job["path"]]
     if path.backend == "torch":
         _set_threads(job["threads"])

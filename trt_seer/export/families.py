@@ -113,6 +113,18 @@ class ModelInfo:
     def outputs(self) -> tuple[str, ...]:
         return tuple(TASKS[self.task].outputs)
 
+    def to_dict(self) -> dict:
+        """JSON for a child process, which rebuilds this without resolving the checkpoint again."""
+        return {"path": str(self.path), "name": self.name, "model_type": self.model_type, "task": self.task,
+                "config": self.config, "family": {"kind": self.family.kind, "inputs": list(self.family.inputs),
+                                                  "tasks": list(self.family.tasks)}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelInfo":
+        f = d["family"]
+        return cls(Path(d["path"]), d["name"], d["model_type"], FamilySpec(f["kind"], tuple(f["inputs"]),
+                                                                           tuple(f["tasks"])), d["task"], d["config"])
+
 
 # Families whose positions start after the pad id (RoBERTa's layout): fewer usable positions.
 POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "mpnet": 2, "camembert": 2, "data2vec-text": 2,
