@@ -81,10 +81,15 @@ def make_scheduler(optimizer, total_steps: int, warmup: float):
 
 
 def param_groups(module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only (not on biases and LayerNorm weights)."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    """Weight decay on matrices only (not on biases and LayerNorm weights); QAT ranges (tagged
+    `range_lr`, finetune/qat.py) get their own learning rate and no decay."""
+    params = [p for p in module.parameters() if p.requires_grad and not hasattr(p, "range_lr")]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    ranges = [p for p in module.parameters() if p.requires_grad and hasattr(p, "range_lr")]
+    if ranges:
+        groups.append({"params": ranges, "weight_decay": 0.0, "lr": ranges[0].range_lr})
+    return groups
 
 
 def make_trainer(module, spec: FinetuneSpec, ctx: Context, total_steps: int, pad_id: int) -> Trainer:

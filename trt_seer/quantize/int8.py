@@ -19,6 +19,7 @@ from trt_seer.export import onnxio
 from trt_seer.errors import AccuracyGateError, InputError
 from trt_seer.export.families import ModelInfo, ShapeProfile
 from trt_seer.files import sha256_file, sha256_json
+from trt_seer.quantize import qat_ranges
 
 log = logging.getLogger(__name__)
 HELDOUT_EVERY = 5  # user data: every 5th sample is held out for the gate
@@ -182,6 +183,7 @@ def check_args(args) -> None:
                              f"one batch ({args.calib_batch}); pass more data or a smaller --calib-batch")
     if getattr(args, "from_cache", None):
         calibrate.read_cache(Path(args.from_cache))
+    qat_ranges.find(args.model)
 
 
 def data_fingerprint(args) -> str:
@@ -204,6 +206,7 @@ def _key(fp32: dict, fp16: dict, args, gate: Gate) -> str:
         "smooth": args.smooth_alpha, "mode": resolve_mode(args),
         "gate": [gate.min_cosine, gate.min_cosine_each, gate.min_top1],
         "seed": sha256_file(Path(seed)) if seed and Path(seed).is_file() else seed, "trt_seer": __version__,
+        "qat": qat_ranges.fingerprint(Path(fp32["source"]["checkpoint"])),
     })
 
 
@@ -276,11 +279,12 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
                                     quantize.QuantSpec(args.int8_attention), info.task)
     nodes = [t.node for t in targets]
     mode = resolve_mode(args)
+    qat = qat_ranges.for_build(info.path, mode, args)  # ranges trained by finetune --qat: no calibration
     src32, base16 = fp32_path, art.path("fp16.onnx")
-    if args.smooth_alpha > 0 and mode == "w8a8":  # smoothing only helps activation quantization
+    if args.smooth_alpha > 0 and mode == "w8a8" and qat is None:  # smoothing only helps activation quantization
         src32, base16 = _smoothed(fp32_path, nodes, cd, args.smooth_alpha, work)
     tensors = quantize.activation_tensors(onnxio.load(src32, False), targets)
-    amax_t = _ranges(src32, tensors, cd, args)
+    amax_t = qat_ranges.build_amax(qat, src32, targets, tensors, info.path) if qat else _ranges(src32, tensors, cd, args)
     _write_cache(cache_path(info, args), amax_t)
     amax = {k: amax_t[t] for k, t in tensors.items()}
     log.info("writing the %s Q/DQ graph ...", mode)
@@ -297,7 +301,8 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
     return {
         "calibration": {"method": args.calib_method, "batches": len(cd.calib), "data": args.calib or "calib/default.txt",
                         "cache": str(cache_path(info, args)), "seeded_from": getattr(args, "from_cache", None),
-                        "smooth_alpha": args.smooth_alpha},
+                        "smooth_alpha": 0.0 if qat else args.smooth_alpha,
+                        "qat_ranges": str(qat.path) if qat else None},
         "quantization": {"mode": mode, "int8_gemms": len(targets) - len(excluded), "fp16_gemms": sorted(excluded),
                          "attention": args.int8_attention and mode == "w8a8"},
         "accuracy": {"onnx_vs_fp32": evaluate.accuracy_entry(metrics, dest, fp32_path),

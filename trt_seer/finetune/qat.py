@@ -1,0 +1,180 @@
+"""Quantization-aware training (`finetune --qat int8`): fake INT8 on exactly the tensors that
+`build --int8 --int8-mode w8a8` quantizes, so the model learns to tolerate them.
+
+    python -m trt_seer finetune --model clf/ --qat int8 --max-steps 300 --out clf-qat/
+    python -m trt_seer build --model clf-qat/ --int8 --int8-mode w8a8      # uses clf-qat/qat_ranges.json
+
+Placement comes from the graph `build` writes: the starting model is exported to FP32 ONNX and
+`quantize.qdq.find_targets` picks the GEMMs; each is matched to its nn.Linear by weight values
+(`quantize.qat_ranges.linear_nodes`). On each such Linear:
+- input: per-tensor symmetric INT8 fake quantization, clamp(round(x / s), -128, 127) * s as ONNX
+  QuantizeLinear does, s = amax / 127; amax starts at the entropy calibration of that ONNX tensor
+  (`quantize.calibrate`, as `build` does) or at a TensorRT calibration cache's (`--from-calib`).
+  Linears fed by one tensor (Q, K, V) share one range, as they share one calibrated tensor.
+- weight: per-output-channel symmetric INT8 with amax = max |W| of the current weights, the scale
+  `build` recomputes from the final weights.
+Gradients are straight-through (torch's fake-quantize ops). Ranges are either frozen or learned
+LSQ-style (`torch._fake_quantize_learnable_per_tensor_affine`, the op behind torch.ao's
+`_LearnableFakeQuantize`) as log(amax) with their own learning rate. Attention batched matmuls are
+not nn.Linears and stay unquantized here (build without --int8-attention).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import tempfile
+from pathlib import Path
+
+from trt_seer.errors import InputError
+from trt_seer.finetune.spec import QatSpec
+
+log = logging.getLogger(__name__)
+PARAM = "qat_log_amax"  # on each quantized nn.Linear while training; removed before saving
+CALIB_SAMPLES, CALIB_BATCH = 256, 16  # build's defaults (--calib-samples, --calib-batch)
+
+
+def check(spec: QatSpec) -> None:
+    """Reads --from-calib before any slow work: InputError when it is missing or malformed."""
+    from trt_seer.quantize import calibrate
+
+    if spec.from_calib is not None:
+        if not Path(spec.from_calib).is_file():
+            raise InputError(f"--from-calib {spec.from_calib} not found")
+        calibrate.read_cache(Path(spec.from_calib))
+
+
+def fake_quant_input(x, log_amax):
+    """Per-tensor symmetric INT8 fake quantization of `x` (any float dtype) with amax exp(log_amax)."""
+    import torch
+
+    scale = (log_amax.float().exp() / 127.0).reshape(1)
+    if log_amax.requires_grad:
+        y = torch._fake_quantize_learnable_per_tensor_affine(x.float(), scale, torch.zeros_like(scale), -128, 127, 1.0)
+    else:
+        y = torch.fake_quantize_per_tensor_affine(x.float(), scale, torch.zeros(1, dtype=torch.int32,
+                                                                                device=x.device), -128, 127)
+    return y.to(x.dtype)
+
+
+def fake_quant_weight(w):
+    """Per-output-channel symmetric INT8 (rows of an nn.Linear weight), scale = max |row| / 127."""
+    import torch
+
+    amax = w.detach().float().abs().amax(dim=1)  # (out,)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    zero = torch.zeros(w.shape[0], dtype=torch.int32, device=w.device)
+    return torch.fake_quantize_per_channel_affine(w.float(), scale, zero, 0, -127, 127).to(w.dtype)
+
+
+def _qat_forward(module, x):
+    import torch
+
+    return torch.nn.functional.linear(fake_quant_input(x, getattr(module, PARAM)), fake_quant_weight(module.weight),
+                                      module.bias)
+
+
+def attach(model, groups: dict[str, list[str]], amax: dict[str, float], spec: QatSpec) -> int:
+    """Puts fake quantization on the Linears of `groups` ({tensor: module names}); one range per
+    tensor, initialised to `amax[tensor]`. Returns the number of quantized Linears."""
+    import torch
+
+    modules = dict(model.named_modules())
+    count = 0
+    for tensor, names in groups.items():
+        p = torch.nn.Parameter(torch.tensor(math.log(amax[tensor])), requires_grad=spec.ranges == "learned")
+        p.range_lr, p.tensor, p.initial_amax = spec.range_lr, tensor, amax[tensor]
+        for name in names:
+            m = modules[name]
+            if not isinstance(m, torch.nn.Linear):
+                raise InputError(f"{name} is a {type(m).__name__}, not an nn.Linear; cannot train its quantization")
+            m.register_parameter(PARAM, p)
+            m.forward = functools.partial(_qat_forward, m)
+            count += 1
+    return count
+
+
+def detach(model) -> list[dict]:
+    """Removes the fake quantization; returns the ranges, one entry per tensor (qat_ranges.json)."""
+    by_param: dict[int, dict] = {}
+    for name, m in model.named_modules():
+        p = m._parameters.get(PARAM)
+        if p is None:
+            continue
+        entry = by_param.setdefault(id(p), {"tensor": p.tensor, "modules": [], "amax": math.exp(float(p.detach())),
+                                            "initial_amax": p.initial_amax})
+        entry["modules"].append(name)
+        delattr(m, PARAM)
+        m.__dict__.pop("forward", None)
+    return list(by_param.values())
+
+
+def save_ranges(model, dest: Path, spec: QatSpec) -> Path:
+    """Detaches the fake quantization from `model` and writes dest/qat_ranges.json."""
+    from trt_seer.quantize import qat_ranges
+
+    ranges = detach(model)
+    if not ranges:
+        raise InputError("no quantized Linear left to save ranges for")
+    init = f"TensorRT calibration cache {spec.from_calib}" if spec.from_calib else "entropy calibration"
+    return qat_ranges.write(dest, ranges, {"ranges_trained": spec.ranges, "initialised_from": init})
+
+
+def linear_weights(model) -> dict:
+    import torch
+
+    return {n: m.weight.detach().float().cpu().numpy() for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear)}
+
+
+def prepare(model, tokenizer, texts: list[str], spec: QatSpec) -> int:
+    """Exports `model` (+ tokenizer) to FP32 ONNX, finds build's W8A8 targets there, initialises
+    their ranges and attaches fake quantization. Returns the number of quantized Linears."""
+    from trt_seer.export import onnxio
+    from trt_seer.export.checkpoint import onnx_from_checkpoint
+    from trt_seer.export.families import resolve_model
+    from trt_seer.finetune import checkpoint
+    from trt_seer.quantize import qat_ranges, qdq
+
+    with tempfile.TemporaryDirectory(prefix="trt_seer_qat_") as tmp:
+        ckpt, onnx_path = Path(tmp) / "start", Path(tmp) / "start.fp32.onnx"
+        checkpoint.save(model, tokenizer, ckpt)
+        info = resolve_model(ckpt, "text-classification")
+        log.info("exporting the starting model to find the GEMMs build quantizes ...")
+        onnx_from_checkpoint(info, onnx_path)
+        graph = onnxio.load(onnx_path)
+        targets = qdq.find_targets(graph, qdq.QuantSpec(), info.task)
+        tensors = qdq.activation_tensors(graph, targets)
+        nodes = qat_ranges.linear_nodes(graph, linear_weights(model), targets)
+        unmatched = [t.node for t in targets if t.node not in nodes]
+        if unmatched:
+            raise InputError(f"{len(unmatched)} quantized GEMMs match no nn.Linear (e.g. {unmatched[0]})")
+        amax = initial_amax(onnx_path, info, sorted(set(tensors.values())), texts, spec)
+    groups: dict[str, list[str]] = {}
+    for (node, _), tensor in tensors.items():
+        groups.setdefault(tensor, []).append(nodes[node])
+    count = attach(model, groups, amax, spec)
+    log.info("QAT: %d Linears with INT8 inputs and weights, %d activation ranges (%s)", count, len(groups), spec.ranges)
+    return count
+
+
+def initial_amax(onnx_path: Path, info, names: list[str], texts: list[str], spec: QatSpec) -> dict[str, float]:
+    """amax per ONNX tensor: from --from-calib, else entropy calibration on `texts` (build's defaults)."""
+    from trt_seer import data
+    from trt_seer.export.families import ShapeProfile
+    from trt_seer.quantize import calibrate
+
+    if spec.from_calib is not None:
+        scales = calibrate.read_cache(Path(spec.from_calib))
+        missing = [n for n in names if n not in scales]
+        if missing:
+            raise InputError(f"--from-calib {spec.from_calib} lacks {len(missing)} of {len(names)} tensors "
+                             f"(e.g. {missing[0]}); write it with build --int8 --int8-mode w8a8 --smooth-alpha 0 "
+                             "on this checkpoint")
+        return {n: scales[n] * calibrate.INT8_MAX for n in names}
+    if not data.has_tokenizer(info):
+        raise InputError("QAT calibration needs the model's fast tokenizer (tokenizer.json); or pass --from-calib")
+    batches = list(data.token_batches(info, texts[:CALIB_SAMPLES], ShapeProfile((1, 8, 32), (8, 128, 256)),
+                                      CALIB_BATCH))
+    log.info("calibrating %d activation tensors on %d batches (entropy) ...", len(names), len(batches))
+    return calibrate.collect_ranges(onnx_path, batches, names, calibrate.CalibSpec(method="entropy"))
