@@ -97,6 +97,8 @@ def _qat_args(g) -> None:
     g.add_argument("--qat-ranges", choices=("learned", "frozen"), default="learned",
                    help="--qat: learn the activation ranges (LSQ-style, log amax) or keep them frozen "
                         "(default: learned)")
+    g.add_argument("--int8-attention", action="store_true",
+                   help="--qat: also fake-quantize the attention batched matmuls, for build --int8-attention")
     g.add_argument("--range-lr", type=float, default=1e-3,
                    help="--qat learned ranges: AdamW learning rate of log(amax) (default: 1e-3)")
 
@@ -109,7 +111,7 @@ def _qat_spec(args, path):
         if args.from_calib is not None:
             raise InputError("--from-calib needs --qat int8")
         return None
-    return QatSpec(args.qat, path(args.from_calib), args.qat_ranges, args.range_lr)
+    return QatSpec(args.qat, path(args.from_calib), args.qat_ranges, args.range_lr, args.int8_attention)
 
 
 def spec_from_args(args):

@@ -31,6 +31,7 @@ from trt_seer.finetune.spec import QatSpec
 
 log = logging.getLogger(__name__)
 PARAM = "qat_log_amax"  # on each quantized nn.Linear while training; removed before saving
+ATTENTION_ATTR = "_trt_seer_qat_attention"  # {"previous": implementation, "modules": [names]}
 CALIB_SAMPLES, CALIB_BATCH = 256, 16  # build's defaults (--calib-samples, --calib-batch)
 
 
@@ -44,48 +45,33 @@ def check(spec: QatSpec) -> None:
         calibrate.read_cache(Path(spec.from_calib))
 
 
-def fake_quant_input(x, log_amax):
-    """Per-tensor symmetric INT8 fake quantization of `x` (any float dtype) with amax exp(log_amax)."""
-    import torch
-
-    scale = (log_amax.float().exp() / 127.0).reshape(1)
-    if log_amax.requires_grad:
-        y = torch._fake_quantize_learnable_per_tensor_affine(x.float(), scale, torch.zeros_like(scale), -128, 127, 1.0)
-    else:
-        y = torch.fake_quantize_per_tensor_affine(x.float(), scale, torch.zeros(1, dtype=torch.int32,
-                                                                                device=x.device), -128, 127)
-    return y.to(x.dtype)
-
-
-def fake_quant_weight(w):
-    """Per-output-channel symmetric INT8 (rows of an nn.Linear weight), scale = max |row| / 127."""
-    import torch
-
-    amax = w.detach().float().abs().amax(dim=1)  # (out,)
-    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    zero = torch.zeros(w.shape[0], dtype=torch.int32, device=w.device)
-    return torch.fake_quantize_per_channel_affine(w.float(), scale, zero, 0, -127, 127).to(w.dtype)
-
-
 def _qat_forward(module, x):
     import torch
+
+    from trt_seer.finetune.fakequant import fake_quant_input, fake_quant_weight
 
     return torch.nn.functional.linear(fake_quant_input(x, getattr(module, PARAM)), fake_quant_weight(module.weight),
                                       module.bias)
 
 
 def attach(model, groups: dict[str, list[str]], amax: dict[str, float], spec: QatSpec) -> int:
-    """Puts fake quantization on the Linears of `groups` ({tensor: module names}); one range per
-    tensor, initialised to `amax[tensor]`. Returns the number of quantized Linears."""
+    """Puts fake quantization where `groups` ({tensor: keys}) says: a key is an nn.Linear's name
+    (its input and weight) or `<attention module>#<q|k|p|v>` (a BMM input, qat_attention.py). One
+    range per tensor, initialised to `amax[tensor]`. Returns the number of quantized Linears."""
     import torch
+
+    from trt_seer.finetune.fakequant import make_range
 
     modules = dict(model.named_modules())
     count = 0
-    for tensor, names in groups.items():
-        p = torch.nn.Parameter(torch.tensor(math.log(amax[tensor])), requires_grad=spec.ranges == "learned")
-        p.range_lr, p.tensor, p.initial_amax = spec.range_lr, tensor, amax[tensor]
-        for name in names:
+    for tensor, keys in groups.items():
+        p = make_range(amax[tensor], spec.ranges == "learned", spec.range_lr, tensor)
+        for key in keys:
+            name, _, bmm_input = key.partition("#")
             m = modules[name]
+            if bmm_input:
+                m.register_parameter(f"qat_bmm_{bmm_input}", p)
+                continue
             if not isinstance(m, torch.nn.Linear):
                 raise InputError(f"{name} is a {type(m).__name__}, not an nn.Linear; cannot train its quantization")
             m.register_parameter(PARAM, p)
@@ -98,13 +84,12 @@ def detach(model) -> list[dict]:
     """Removes the fake quantization; returns the ranges, one entry per tensor (qat_ranges.json)."""
     by_param: dict[int, dict] = {}
     for name, m in model.named_modules():
-        p = m._parameters.get(PARAM)
-        if p is None:
-            continue
-        entry = by_param.setdefault(id(p), {"tensor": p.tensor, "modules": [], "amax": math.exp(float(p.detach())),
-                                            "initial_amax": p.initial_amax})
-        entry["modules"].append(name)
-        delattr(m, PARAM)
+        for pname, p in [(k, v) for k, v in m._parameters.items() if k.startswith("qat_")]:
+            key = name if pname == PARAM else f"{name}#{pname.removeprefix('qat_bmm_')}"
+            entry = by_param.setdefault(id(p), {"tensor": p.tensor, "modules": [], "amax": math.exp(float(p.detach())),
+                                                "initial_amax": p.initial_amax})
+            entry["modules"].append(key)
+            delattr(m, pname)
         m.__dict__.pop("forward", None)
     return list(by_param.values())
 
@@ -116,8 +101,13 @@ def save_ranges(model, dest: Path, spec: QatSpec) -> Path:
     ranges = detach(model)
     if not ranges:
         raise InputError("no quantized Linear left to save ranges for")
+    attention = getattr(model, ATTENTION_ATTR, None)
+    if attention is not None:  # back to the checkpoint's own attention implementation
+        model.set_attn_implementation(attention["previous"])
+        delattr(model, ATTENTION_ATTR)
     init = f"TensorRT calibration cache {spec.from_calib}" if spec.from_calib else "entropy calibration"
-    return qat_ranges.write(dest, ranges, {"ranges_trained": spec.ranges, "initialised_from": init})
+    return qat_ranges.write(dest, ranges, {"ranges_trained": spec.ranges, "initialised_from": init,
+                                           "attention_modules": attention["modules"] if attention else []})
 
 
 def linear_weights(model) -> dict:
@@ -143,19 +133,29 @@ def prepare(model, tokenizer, texts: list[str], spec: QatSpec) -> int:
         log.info("exporting the starting model to find the GEMMs build quantizes ...")
         onnx_from_checkpoint(info, onnx_path)
         graph = onnxio.load(onnx_path)
-        targets = qdq.find_targets(graph, qdq.QuantSpec(), info.task)
+        targets = qdq.find_targets(graph, qdq.QuantSpec(spec.attention), info.task)
         tensors = qdq.activation_tensors(graph, targets)
-        nodes = qat_ranges.linear_nodes(graph, linear_weights(model), targets)
-        unmatched = [t.node for t in targets if t.node not in nodes]
-        if unmatched:
-            raise InputError(f"{len(unmatched)} quantized GEMMs match no nn.Linear (e.g. {unmatched[0]})")
+        keys = _target_keys(model, graph, targets)
         amax = initial_amax(onnx_path, info, sorted(set(tensors.values())), texts, spec)
     groups: dict[str, list[str]] = {}
-    for (node, _), tensor in tensors.items():
-        groups.setdefault(tensor, []).append(nodes[node])
+    for (node, i), tensor in tensors.items():
+        groups.setdefault(tensor, []).append(qat_ranges.input_key(keys[node], i))
     count = attach(model, groups, amax, spec)
     log.info("QAT: %d Linears with INT8 inputs and weights, %d activation ranges (%s)", count, len(groups), spec.ranges)
     return count
+
+
+def _target_keys(model, graph, targets) -> dict[str, str]:
+    """ONNX GEMM node -> range key (qat_ranges.target_keys); with attention BMMs among `targets`,
+    switches `model` to the fake-quantizing attention (qat_attention.py)."""
+    from trt_seer.finetune import qat_attention
+    from trt_seer.quantize import qat_ranges
+
+    modules: list[str] = []
+    if any(t.weight is None for t in targets):
+        previous, modules = qat_attention.attention_modules(model)
+        setattr(model, ATTENTION_ATTR, {"previous": previous, "modules": modules})
+    return qat_ranges.target_keys(qat_ranges.linear_nodes(graph, linear_weights(model), targets), targets, modules)
 
 
 def initial_amax(onnx_path: Path, info, names: list[str], texts: list[str], spec: QatSpec) -> dict[str, float]:

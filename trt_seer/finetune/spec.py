@@ -66,6 +66,7 @@ class QatSpec:
     from_calib: Path | None = None
     ranges: str = "learned"  # "learned" | "frozen"
     range_lr: float = 1e-3
+    attention: bool = False  # also the attention batched matmuls (build --int8-attention)
 
     def check(self, task: str) -> None:
         if self.mode not in QAT_MODES:

@@ -10,6 +10,9 @@ input it is (stable across exports) and by the ONNX tensor it was calibrated on 
      "ranges": [{"tensor": "layer_norm", "modules": ["bert.encoder.layer.0.attention.self.query", ...],
                  "amax": 3.21, "initial_amax": 3.05}, ...]}
 
+Attention BMM inputs (`--int8-attention`) are keyed `<attention module>#q|k|p|v` and matched by
+order: the k-th QK^T / PV MatMul pair of the graph belongs to the k-th of "attention_modules".
+
 The dynamo exporter names folded weights `val_50`, not after modules, so modules and ONNX GEMMs are
 matched by weight values: a Linear's weight W (out, in) is the MatMul initializer W^T, or the Gemm
 initializer W under transB.
@@ -36,6 +39,7 @@ class QatRanges:
     path: Path
     amax: dict
     trained: str  # "learned" | "frozen"
+    attention_modules: list  # in call order: one QK^T / PV MatMul pair each (empty: no BMM ranges)
 
     def fingerprint(self) -> str:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
@@ -71,6 +75,28 @@ def linear_nodes(model, weights: dict[str, np.ndarray], targets) -> dict[str, st
     return found
 
 
+def target_keys(linear: dict[str, str], targets, attention_modules: list[str]) -> dict[str, str]:
+    """Node -> range key: the Linear's module name, or `<attention module>#qk` / `#pv` for the
+    k-th pair of attention BMMs in graph order (QK^T, then probabilities x V, per attention module)."""
+    keys = dict(linear)
+    bmm = [t.node for t in targets if t.weight is None]
+    if len(bmm) != 2 * len(attention_modules) and bmm:
+        raise InputError(f"the graph has {len(bmm)} attention batched matmuls, the ranges "
+                         f"{2 * len(attention_modules)} (2 per attention module); train with --int8-attention")
+    keys.update({node: f"{attention_modules[j // 2]}#{('qk', 'pv')[j % 2]}" for j, node in enumerate(bmm)})
+    unmatched = [t.node for t in targets if t.node not in keys]
+    if unmatched:
+        raise InputError(f"{len(unmatched)} quantized GEMMs match no nn.Linear (e.g. {unmatched[0]})")
+    return keys
+
+
+def input_key(key: str, index: int) -> str:
+    """The range key of input `index` of the GEMM keyed `key`: the Linear itself, or one BMM input
+    (`#q`, `#k` of QK^T; `#p`, `#v` of probabilities x V)."""
+    name, _, pair = key.partition("#")
+    return f"{name}#{pair[index]}" if pair else name
+
+
 def checkpoint_weights(ckpt: Path) -> dict[str, np.ndarray]:
     """{module name: weight} of every 2-D `*.weight` in the checkpoint's safetensors files."""
     from safetensors.numpy import load_file
@@ -95,25 +121,25 @@ def find(ckpt: Path | None) -> QatRanges | None:
         doc = json.loads(path.read_text())
         amax = {m: float(r["amax"]) for r in doc["ranges"] for m in r["modules"]}
         ok = doc.get("schema") == SCHEMA and doc.get("mode") == "w8a8"
+        attention = [str(m) for m in doc.get("attention_modules", [])]
     except (ValueError, KeyError, TypeError) as e:
         raise InputError(f"malformed {path}: {e!r}; rerun finetune --qat int8 or delete the file") from e
     if not ok or not amax or not all(np.isfinite(v) and v > 0 for v in amax.values()):
         raise InputError(f"{path} is not a schema-{SCHEMA} w8a8 ranges file with positive finite amax values")
-    return QatRanges(path, amax, str(doc.get("ranges_trained", "?")))
+    return QatRanges(path, amax, str(doc.get("ranges_trained", "?")), attention)
 
 
 def tensor_amax(qat: QatRanges, model, targets, tensors: dict, weights: dict) -> dict[str, float]:
     """{activation tensor of `model`: trained amax} for `tensors` ((node, input) -> tensor, as
     `qdq.activation_tensors` gives); InputError for a quantized input the ranges do not cover."""
-    modules = linear_nodes(model, weights, targets)
+    keys = target_keys(linear_nodes(model, weights, targets), targets, qat.attention_modules)
     out: dict[str, float] = {}
-    for (node, _), tensor in tensors.items():
-        module = modules.get(node)
-        if module is None or module not in qat.amax:
-            what = f"module {module}" if module else f"GEMM {node} (no nn.Linear; attention batched matmul?)"
-            raise InputError(f"{qat.path} has no range for {what}; train with the same quantization "
-                             "placement (finetune --qat int8) or delete the file to calibrate")
-        out[tensor] = max(out.get(tensor, 0.0), qat.amax[module])
+    for (node, i), tensor in tensors.items():
+        key = input_key(keys[node], i)
+        if key not in qat.amax:
+            raise InputError(f"{qat.path} has no range for {key}; train with the same quantization placement "
+                             "(finetune --qat int8 [--int8-attention]) or delete the file to calibrate")
+        out[tensor] = max(out.get(tensor, 0.0), qat.amax[key])
     return out
 
 
