@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -46,10 +49,11 @@ def toy(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def qat_built(toy):
-    """One QAT run (bf16 autocast, learned ranges) and its W8A8 build."""
-    assert main(finetune_args(toy, "qat", "--qat", "int8", "--amp", "bf16", "--range-lr", "0.02")) == 0
+    """One QAT run (bf16 autocast, learned ranges, attention BMMs too) and its W8A8 build."""
+    assert main(finetune_args(toy, "qat", "--qat", "int8", "--int8-attention", "--amp", "bf16", "--range-lr",
+                              "0.02")) == 0
     if trt.available():
-        assert main(["build", "--model", str(toy / "qat"), "--int8", "--int8-mode", "w8a8", *PROFILE,
+        assert main(["build", "--model", str(toy / "qat"), "--int8", "--int8-mode", "w8a8", "--int8-attention", *PROFILE,
                      "--out", str(toy / "eng"), "--calib-cache", str(toy / "c.cache")]) == 0
     return toy
 
@@ -66,12 +70,16 @@ def test_ranges_cover_every_quantized_linear_and_were_learned(qat_built):
     doc, amax = ranges_by_module(qat_built / "qat")
     model = AutoModelForSequenceClassification.from_pretrained(str(qat_built / "qat"))
     linears = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    assert set(amax) == linears - {"classifier"}  # the head stays FP16 in build
+    attention = [f"bert.encoder.layer.{k}.attention.self" for k in (0, 1)]
+    assert doc["attention_modules"] == attention
+    bmm_inputs = {f"{a}#{x}" for a in attention for x in "qkpv"}
+    assert set(amax) == (linears - {"classifier"}) | bmm_inputs  # the head stays FP16 in build
     qkv = [r for r in doc["ranges"] if any(m.endswith("self.query") for m in r["modules"])]
     assert all(len(r["modules"]) == 3 for r in qkv) and len(qkv) == 2  # Q, K, V read one tensor
     assert doc["ranges_trained"] == "learned" and doc["initialised_from"] == "entropy calibration"
     assert any(abs(r["amax"] / r["initial_amax"] - 1) > 1e-3 for r in doc["ranges"])
     assert not any("qat" in k for k in model.state_dict())  # fake quantization was taken off
+    assert model.config._attn_implementation != "trt_seer_qat"
     record = json.loads((qat_built / "qat" / "training.json").read_text())
     assert record["settings"]["qat"]["mode"] == "int8" and record["settings"]["amp"]["mode"] == "bf16"
 
@@ -84,18 +92,19 @@ def test_build_takes_the_trained_ranges_as_qdq_scales(qat_built):
     assert rec["calibration"]["smooth_alpha"] == 0.0 and rec["quantization"]["mode"] == "w8a8"
     assert rec["accuracy"]["gate"]["passed"] and rec["quantization"]["fp16_gemms"] == []
     fp32 = onnxio.load(qat_built / "eng" / "qat.fp32.onnx")
-    targets = qdq.find_targets(fp32, qdq.QuantSpec(), "text-classification")
-    modules = qat_ranges.linear_nodes(fp32, qat_ranges.checkpoint_weights(qat_built / "qat"), targets)
+    targets = qdq.find_targets(fp32, qdq.QuantSpec(attention=True), "text-classification")
+    linear = qat_ranges.linear_nodes(fp32, qat_ranges.checkpoint_weights(qat_built / "qat"), targets)
+    keys = qat_ranges.target_keys(linear, targets, ranges_by_module(qat_built / "qat")[0]["attention_modules"])
     int8 = onnxio.load(qat_built / "eng" / "qat.int8.onnx")
     scales = {t.name: float(np.asarray(onnxio_array(t)).reshape(-1)[0]) for t in int8.graph.initializer
               if t.name.endswith("__scale")}
     checked = 0
     for t in targets:
         for i in t.activations:
-            expected = np.float16(amax[modules[t.node]] / calibrate.INT8_MAX)
+            expected = np.float16(amax[qat_ranges.input_key(keys[t.node], i)] / calibrate.INT8_MAX)
             assert scales[f"{t.node}_in{i}__scale"] == pytest.approx(float(expected), rel=1e-6)
             checked += 1
-    assert checked == len(amax) == len(targets)
+    assert checked == len(amax) == 13 + 8  # 13 Linears, 2 x 4 BMM inputs
     cache = calibrate.read_cache(qat_built / "c.cache")  # TensorRT's cache carries the same ranges
     assert max(abs(cache[t] * calibrate.INT8_MAX / a - 1) for t, a in _tensor_amax(qat_built).items()) < 1e-5
     m = manifest.read_engine_manifest(qat_built / "eng" / "qat.int8.manifest.json")
@@ -113,43 +122,74 @@ def _tensor_amax(root):
     return {r["tensor"]: r["amax"] for r in doc["ranges"]}
 
 
+def torch_inputs(model, feed: dict) -> dict:
+    """{range key: the tensor PyTorch QAT fake-quantizes there} on one forward pass: Linear inputs
+    by forward pre-hooks, BMM inputs by recording what the QAT attention function quantizes."""
+    import torch
+
+    from trt_seer.finetune import qat_attention
+
+    seen, hooks = {}, []
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            hooks.append(m.register_forward_pre_hook(lambda mod, a, name=name: seen.__setitem__(name, a[0].numpy())))
+    _, attention = qat_attention.attention_modules(model)
+    names = {id(m): n for n, m in model.named_modules()}
+
+    def record(x, param):  # stands in for fake_quant_input: keeps the value, quantizes nothing
+        seen[f"{names[id(param.module)]}#{param.input}"] = x.detach().numpy()
+        return x
+
+    for n in attention:
+        m = model.get_submodule(n)
+        for x in "qkpv":
+            setattr(m, f"qat_bmm_{x}", SimpleNamespace(module=m, input=x))
+    original = qat_attention.fake_quant_input
+    qat_attention.fake_quant_input = record
+    try:
+        with torch.no_grad():
+            model(**{k: torch.from_numpy(v) for k, v in feed.items()})
+    finally:
+        qat_attention.fake_quant_input = original
+        for h in hooks:
+            h.remove()
+    return seen, attention
+
+
 @needs_trt
 def test_modules_map_to_the_exported_gemms_they_feed(qat_built):
-    """Each Linear's input in PyTorch equals its matched MatMul's activation input in ONNX Runtime."""
+    """Every quantized GEMM input of the exported graph (ONNX Runtime) equals what QAT quantizes
+    for its range key in PyTorch: Linear inputs and the four attention BMM inputs."""
     import torch
     from transformers import AutoModelForSequenceClassification
 
     onnx_path = qat_built / "eng" / "qat.fp32.onnx"
     graph = onnxio.load(onnx_path)
-    targets = qdq.find_targets(graph, qdq.QuantSpec(), "text-classification")
+    targets = qdq.find_targets(graph, qdq.QuantSpec(attention=True), "text-classification")
     model = AutoModelForSequenceClassification.from_pretrained(str(qat_built / "qat")).eval()
     weights = {n: m.weight.detach().numpy() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     nodes = qat_ranges.linear_nodes(graph, weights, targets)
-    assert len(nodes) == len(targets) == len(set(nodes.values())) == 13  # 2 x 6 encoder Linears + pooler
+    assert len(nodes) == len(set(nodes.values())) == 13  # 2 x 6 encoder Linears + pooler
     order = list(weights)  # module order == graph order of the exported GEMMs
-    assert [order.index(nodes[t.node]) for t in targets] == sorted(order.index(nodes[t.node]) for t in targets)
-    tensors = qdq.activation_tensors(graph, targets)
+    positions = [order.index(nodes[t.node]) for t in targets if t.weight is not None]
+    assert positions == sorted(positions)
     rng = np.random.default_rng(0)
-    feed = {"input_ids": rng.integers(5, 50, (2, 9)), "attention_mask": np.ones((2, 9), np.int64),
-            "token_type_ids": np.zeros((2, 9), np.int64)}
-    seen = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, args, name=n: seen.__setitem__(name, args[0].numpy()))
-             for n, m in model.named_modules() if n in weights]
-    with torch.no_grad():
-        model(**{k: torch.from_numpy(v) for k, v in feed.items()})
-    for h in hooks:
-        h.remove()
+    mask = np.ones((2, 9), np.int64)
+    mask[1, 6:] = 0  # padding: the mask enters the softmax
+    feed = {"input_ids": rng.integers(5, 50, (2, 9)), "attention_mask": mask, "token_type_ids": np.zeros((2, 9), np.int64)}
+    seen, attention = torch_inputs(model, feed)
+    keys = qat_ranges.target_keys(nodes, targets, attention)
+    tensors = qdq.activation_tensors(graph, targets)
     names = sorted(set(tensors.values()))
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
-        from pathlib import Path
-
         session, inputs = calibrate._session_with_outputs(onnx_path, names, Path(tmp))
         values = dict(zip(names, session.run(names, {k: feed[k] for k in inputs})))
-    for (node, _), tensor in tensors.items():
-        got, want = values[tensor], seen[nodes[node]]
-        np.testing.assert_allclose(got.reshape(-1), want.reshape(-1), atol=1e-4, err_msg=f"{node} vs {nodes[node]}")
+    assert len(tensors) == 13 + 8
+    for (node, i), tensor in tensors.items():
+        key = qat_ranges.input_key(keys[node], i)
+        got, want = values[tensor], seen[key]
+        assert got.size == want.size, (node, key)
+        np.testing.assert_allclose(got.reshape(-1), want.reshape(-1), atol=1e-4, err_msg=f"{node}.{i} vs {key}")
 
 
 @needs_trt
