@@ -13,10 +13,10 @@ Placement comes from the graph `build` writes: the starting model is exported to
   Linears fed by one tensor (Q, K, V) share one range, as they share one calibrated tensor.
 - weight: per-output-channel symmetric INT8 with amax = max |W| of the current weights, the scale
   `build` recomputes from the final weights.
-Gradients are straight-through (torch's fake-quantize ops). Ranges are either frozen or learned
-LSQ-style (`torch._fake_quantize_learnable_per_tensor_affine`, the op behind torch.ao's
-`_LearnableFakeQuantize`) as log(amax) with their own learning rate. Attention batched matmuls are
-not nn.Linears and stay unquantized here (build without --int8-attention).
+- with --int8-attention, the four inputs of each attention's two batched matmuls
+  (finetune/qat_attention.py), matched to the graph's QK^T / PV MatMul pairs by order.
+Gradients are straight-through (finetune/fakequant.py, torch's fake-quantize ops). Ranges are
+frozen or learned LSQ-style as log(amax) with their own learning rate (docs/DESIGN.md).
 """
 from __future__ import annotations
 
