@@ -197,9 +197,11 @@ def test_from_calib_seeds_frozen_ranges(qat_built):
     """A TensorRT cache of the same graph seeds the ranges; frozen ranges come out unchanged."""
     cache = calibrate.read_cache(qat_built / "c.cache")
     assert main(finetune_args(qat_built, "frozen", "--qat", "int8", "--qat-ranges", "frozen", "--max-steps", "2",
-                              "--from-calib", str(qat_built / "c.cache"))) == 0
+                              "--qat-loss", "distill", "--from-calib", str(qat_built / "c.cache"))) == 0
     doc, _ = ranges_by_module(qat_built / "frozen")
-    assert doc["ranges_trained"] == "frozen" and "c.cache" in doc["initialised_from"]
+    assert doc["ranges_trained"] == "frozen" and "c.cache" in doc["initialised_from"] and doc["loss"] == "distill"
+    first = json.loads((qat_built / "frozen" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["kind"] == "step" and 0 < first["loss"] < 0.5  # KL to its own FP32 start: small, not CE-sized
     for r in doc["ranges"]:
         assert r["amax"] == pytest.approx(r["initial_amax"], rel=1e-6)
         assert r["amax"] == pytest.approx(cache[r["tensor"]] * calibrate.INT8_MAX, rel=1e-5)

@@ -99,6 +99,9 @@ def _qat_args(g) -> None:
                         "(default: learned)")
     g.add_argument("--int8-attention", action="store_true",
                    help="--qat: also fake-quantize the attention batched matmuls, for build --int8-attention")
+    g.add_argument("--qat-loss", choices=("labels", "distill"), default="labels",
+                   help="--qat: train on the labels (task loss) or distill the FP32 starting model's class "
+                        "distribution into the quantized one (KL; labels unused) (default: labels)")
     g.add_argument("--range-lr", type=float, default=1e-3,
                    help="--qat learned ranges: AdamW learning rate of log(amax) (default: 1e-3)")
 
@@ -111,7 +114,7 @@ def _qat_spec(args, path):
         if args.from_calib is not None:
             raise InputError("--from-calib needs --qat int8")
         return None
-    return QatSpec(args.qat, path(args.from_calib), args.qat_ranges, args.range_lr, args.int8_attention)
+    return QatSpec(args.qat, path(args.from_calib), args.qat_ranges, args.range_lr, args.int8_attention, args.qat_loss)
 
 
 def spec_from_args(args):

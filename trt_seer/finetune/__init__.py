@@ -62,11 +62,13 @@ def _run(spec: FinetuneSpec, ctx) -> Path:
     max_seq = checkpoint.max_tokens(info, tokenizer, spec.data.max_seq)
     train, evaluation = (objective.encode(part, tokenizer, max_seq) for part in (dataset.train, dataset.eval))
     model = objective.load_model(info, dataset, tokenizer.pad_token_id, spec.seed)
+    teacher = None
     if spec.qat is not None:
+        teacher = qat.teacher(model, spec.qat)  # before fake quantization goes on
         qat.prepare(model, tokenizer, [e.text for e in dataset.train], spec.qat)
     staged = checkpoint.stage(out) if ctx.is_main else None
     try:
-        record = _train(spec, ctx, model, tokenizer, train, evaluation, staged)
+        record = _train(spec, ctx, model, tokenizer, train, evaluation, staged, teacher)
         if staged is not None:
             record.update(_describe(info, dataset, train, evaluation, max_seq))
             checkpoint.write_training_json(staged, record)
@@ -78,13 +80,13 @@ def _run(spec: FinetuneSpec, ctx) -> Path:
     return out
 
 
-def _train(spec, ctx, model, tokenizer, train, evaluation, staged: Path | None) -> dict:
+def _train(spec, ctx, model, tokenizer, train, evaluation, staged: Path | None, teacher=None) -> dict:
     """Trains, then (rank 0) saves the checkpoint and the curves into `staged`."""
     from trt_seer.finetune import checkpoint, distributed, monitor
     from trt_seer.finetune.train import fit, make_trainer, total_steps
 
     started = time.perf_counter()
-    tr = make_trainer(model, spec, ctx, total_steps(train, spec, ctx), tokenizer.pad_token_id)
+    tr = make_trainer(model, spec, ctx, total_steps(train, spec, ctx), tokenizer.pad_token_id, teacher)
     epochs = fit(tr, train, evaluation, spec, monitor.Reporter(staged))
     state_bytes = distributed.gather(ctx, distributed.optimizer_state_bytes(tr.optimizer))
     if staged is not None:

@@ -35,6 +35,18 @@ ATTENTION_ATTR = "_trt_seer_qat_attention"  # {"previous": implementation, "modu
 CALIB_SAMPLES, CALIB_BATCH = 256, 16  # build's defaults (--calib-samples, --calib-batch)
 
 
+def teacher(model, spec: QatSpec):
+    """`--qat-loss distill`: a frozen FP32 copy of the starting model, whose class distribution the
+    fake-quantized model learns to match (train.distill_sum); None for the task loss."""
+    import copy
+
+    if spec.loss != "distill":
+        return None
+    t = copy.deepcopy(model).eval()
+    t.requires_grad_(False)
+    return t
+
+
 def check(spec: QatSpec) -> None:
     """Reads --from-calib before any slow work: InputError when it is missing or malformed."""
     from trt_seer.quantize import calibrate
@@ -106,7 +118,7 @@ def save_ranges(model, dest: Path, spec: QatSpec) -> Path:
         model.set_attn_implementation(attention["previous"])
         delattr(model, ATTENTION_ATTR)
     init = f"TensorRT calibration cache {spec.from_calib}" if spec.from_calib else "entropy calibration"
-    return qat_ranges.write(dest, ranges, {"ranges_trained": spec.ranges, "initialised_from": init,
+    return qat_ranges.write(dest, ranges, {"ranges_trained": spec.ranges, "initialised_from": init, "loss": spec.loss,
                                            "attention_modules": attention["modules"] if attention else []})
 
 

@@ -67,6 +67,7 @@ class QatSpec:
     ranges: str = "learned"  # "learned" | "frozen"
     range_lr: float = 1e-3
     attention: bool = False  # also the attention batched matmuls (build --int8-attention)
+    loss: str = "labels"  # "labels" (the task loss) | "distill" (KL to the FP32 starting model)
 
     def check(self, task: str) -> None:
         if self.mode not in QAT_MODES:
@@ -75,6 +76,8 @@ class QatSpec:
             raise UnsupportedError(f"--qat int8 trains text-classification models (W8A8 encoders), not --task {task}")
         if self.ranges not in RANGE_MODES:
             raise InputError(f"unknown --qat-ranges {self.ranges!r}; choose learned or frozen")
+        if self.loss not in ("labels", "distill"):
+            raise InputError(f"unknown --qat-loss {self.loss!r}; choose labels or distill")
         if not self.range_lr > 0:
             raise InputError(f"--range-lr must be > 0, got {self.range_lr}")
 
