@@ -77,6 +77,7 @@ def test_ranges_cover_every_quantized_linear_and_were_learned(qat_built):
     qkv = [r for r in doc["ranges"] if any(m.endswith("self.query") for m in r["modules"])]
     assert all(len(r["modules"]) == 3 for r in qkv) and len(qkv) == 2  # Q, K, V read one tensor
     assert doc["ranges_trained"] == "learned" and doc["initialised_from"] == "entropy calibration"
+    assert doc["smooth_alpha"] == 0.5 and sum(r["tensor"].endswith("__smooth") for r in doc["ranges"]) == 8
     assert any(abs(r["amax"] / r["initial_amax"] - 1) > 1e-3 for r in doc["ranges"])
     assert not any("qat" in k for k in model.state_dict())  # fake quantization was taken off
     assert model.config._attn_implementation != "trt_seer_qat"
@@ -89,7 +90,7 @@ def test_build_takes_the_trained_ranges_as_qdq_scales(qat_built):
     _, amax = ranges_by_module(qat_built / "qat")
     rec = json.loads((qat_built / "eng" / "qat.int8.onnx.json").read_text())
     assert rec["calibration"]["qat_ranges"].endswith(qat_ranges.RANGES_FILE)
-    assert rec["calibration"]["smooth_alpha"] == 0.0 and rec["quantization"]["mode"] == "w8a8"
+    assert rec["calibration"]["smooth_alpha"] == 0.5 and rec["quantization"]["mode"] == "w8a8"
     assert rec["accuracy"]["gate"]["passed"] and rec["quantization"]["fp16_gemms"] == []
     fp32 = onnxio.load(qat_built / "eng" / "qat.fp32.onnx")
     targets = qdq.find_targets(fp32, qdq.QuantSpec(attention=True), "text-classification")
@@ -239,4 +240,12 @@ def test_malformed_ranges_file_stops_build(qat_built, tmp_path, capsys):
     (ckpt / qat_ranges.RANGES_FILE).write_text('{"schema": 1, "mode": "w8a8", "ranges": [{"amax": -1}]}')
     code = main(["build", "--model", str(ckpt), "--int8", *PROFILE, "--out", str(tmp_path / "eng")])
     one_line_error(capsys, code, qat_ranges.RANGES_FILE)
+    assert not (tmp_path / "eng").exists()
+
+
+@needs_trt
+def test_build_with_another_smoothquant_alpha_is_refused(qat_built, tmp_path, capsys):
+    code = main(["build", "--model", str(qat_built / "qat"), "--int8", "--int8-mode", "w8a8", "--smooth-alpha", "0",
+                 *PROFILE, "--out", str(tmp_path / "eng")])
+    one_line_error(capsys, code, "--smooth-alpha 0.5")
     assert not (tmp_path / "eng").exists()

@@ -93,7 +93,7 @@ def _qat_args(g) -> None:
                         "instead of calibrating. text-classification only")
     g.add_argument("--from-calib", metavar="PATH", default=None,
                    help="--qat: start the ranges from this TensorRT calibration cache (from build --int8 "
-                        "--smooth-alpha 0 of the starting checkpoint) instead of entropy calibration")
+                        "--int8-mode w8a8 of the starting checkpoint, same --smooth-alpha) instead of entropy calibration")
     g.add_argument("--qat-ranges", choices=("learned", "frozen"), default="learned",
                    help="--qat: learn the activation ranges (LSQ-style, log amax) or keep them frozen "
                         "(default: learned)")
@@ -102,6 +102,8 @@ def _qat_args(g) -> None:
     g.add_argument("--qat-loss", choices=("labels", "distill"), default="labels",
                    help="--qat: train on the labels (task loss) or distill the FP32 starting model's class "
                         "distribution into the quantized one (KL; labels unused) (default: labels)")
+    g.add_argument("--smooth-alpha", type=float, default=0.5,
+                   help="--qat: SmoothQuant strength, as build applies it; build with the same value (default 0.5)")
     g.add_argument("--range-lr", type=float, default=1e-3,
                    help="--qat learned ranges: AdamW learning rate of log(amax) (default: 1e-3)")
 
@@ -114,7 +116,8 @@ def _qat_spec(args, path):
         if args.from_calib is not None:
             raise InputError("--from-calib needs --qat int8")
         return None
-    return QatSpec(args.qat, path(args.from_calib), args.qat_ranges, args.range_lr, args.int8_attention, args.qat_loss)
+    return QatSpec(args.qat, path(args.from_calib), args.qat_ranges, args.range_lr, args.int8_attention, args.qat_loss,
+                   args.smooth_alpha)
 
 
 def spec_from_args(args):

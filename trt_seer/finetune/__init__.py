@@ -65,7 +65,7 @@ def _run(spec: FinetuneSpec, ctx) -> Path:
     teacher = None
     if spec.qat is not None:
         teacher = qat.teacher(model, spec.qat)  # before fake quantization goes on
-        qat.prepare(model, tokenizer, [e.text for e in dataset.train], spec.qat)
+        qat.prepare(model, tokenizer, spec.qat)
     staged = checkpoint.stage(out) if ctx.is_main else None
     try:
         record = _train(spec, ctx, model, tokenizer, train, evaluation, staged, teacher)

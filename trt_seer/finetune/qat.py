@@ -31,6 +31,7 @@ from trt_seer.finetune.spec import QatSpec
 
 log = logging.getLogger(__name__)
 PARAM = "qat_log_amax"  # on each quantized nn.Linear while training; removed before saving
+SMOOTH = "qat_smooth"  # SmoothQuant's s on a smoothed Linear while training (a non-persistent buffer)
 ATTENTION_ATTR = "_trt_seer_qat_attention"  # {"previous": implementation, "modules": [names]}
 CALIB_SAMPLES, CALIB_BATCH = 256, 16  # build's defaults (--calib-samples, --calib-batch)
 
@@ -62,11 +63,13 @@ def _qat_forward(module, x):
 
     from trt_seer.finetune.fakequant import fake_quant_input, fake_quant_weight
 
-    return torch.nn.functional.linear(fake_quant_input(x, getattr(module, PARAM)), fake_quant_weight(module.weight),
-                                      module.bias)
+    w, s = module.weight, getattr(module, SMOOTH, None)
+    if s is not None:  # (x / s) @ (W * s)^T: the smoothed graph's Mul and scaled weights
+        x, w = x / s.to(x.dtype), w * s
+    return torch.nn.functional.linear(fake_quant_input(x, getattr(module, PARAM)), fake_quant_weight(w), module.bias)
 
 
-def attach(model, groups: dict[str, list[str]], amax: dict[str, float], spec: QatSpec) -> int:
+def attach(model, groups: dict[str, list[str]], amax: dict[str, float], spec: QatSpec, scales: dict | None = None) -> int:
     """Puts fake quantization where `groups` ({tensor: keys}) says: a key is an nn.Linear's name
     (its input and weight) or `<attention module>#<q|k|p|v>` (a BMM input, qat_attention.py). One
     range per tensor, initialised to `amax[tensor]`. Returns the number of quantized Linears."""
@@ -87,6 +90,8 @@ def attach(model, groups: dict[str, list[str]], amax: dict[str, float], spec: Qa
             if not isinstance(m, torch.nn.Linear):
                 raise InputError(f"{name} is a {type(m).__name__}, not an nn.Linear; cannot train its quantization")
             m.register_parameter(PARAM, p)
+            if name in (scales or {}):  # SmoothQuant's per-input-channel s (not saved with the weights)
+                m.register_buffer(SMOOTH, torch.from_numpy(scales[name]), persistent=False)
             m.forward = functools.partial(_qat_forward, m)
             count += 1
     return count
@@ -102,6 +107,8 @@ def detach(model) -> list[dict]:
                                                 "initial_amax": p.initial_amax})
             entry["modules"].append(key)
             delattr(m, pname)
+        if SMOOTH in m._buffers:
+            delattr(m, SMOOTH)
         m.__dict__.pop("forward", None)
     return list(by_param.values())
 
@@ -119,6 +126,7 @@ def save_ranges(model, dest: Path, spec: QatSpec) -> Path:
         delattr(model, ATTENTION_ATTR)
     init = f"TensorRT calibration cache {spec.from_calib}" if spec.from_calib else "entropy calibration"
     return qat_ranges.write(dest, ranges, {"ranges_trained": spec.ranges, "initialised_from": init, "loss": spec.loss,
+                                           "smooth_alpha": spec.smooth_alpha,
                                            "attention_modules": attention["modules"] if attention else []})
 
 
@@ -129,9 +137,10 @@ def linear_weights(model) -> dict:
             if isinstance(m, torch.nn.Linear)}
 
 
-def prepare(model, tokenizer, texts: list[str], spec: QatSpec) -> int:
-    """Exports `model` (+ tokenizer) to FP32 ONNX, finds build's W8A8 targets there, initialises
-    their ranges and attaches fake quantization. Returns the number of quantized Linears."""
+def prepare(model, tokenizer, spec: QatSpec) -> int:
+    """Exports `model` (+ tokenizer) to FP32 ONNX, finds build's W8A8 targets there, smooths them
+    as build does (SmoothQuant), initialises their ranges and attaches fake quantization. Returns
+    the number of quantized Linears."""
     from trt_seer.export import onnxio
     from trt_seer.export.checkpoint import onnx_from_checkpoint
     from trt_seer.export.families import resolve_model
@@ -146,15 +155,54 @@ def prepare(model, tokenizer, texts: list[str], spec: QatSpec) -> int:
         onnx_from_checkpoint(info, onnx_path)
         graph = onnxio.load(onnx_path)
         targets = qdq.find_targets(graph, qdq.QuantSpec(spec.attention), info.task)
-        tensors = qdq.activation_tensors(graph, targets)
         keys = _target_keys(model, graph, targets)
-        amax = initial_amax(onnx_path, info, sorted(set(tensors.values())), texts, spec)
+        batches = calibration_batches(info) if spec.from_calib is None or spec.smooth_alpha > 0 else []
+        smoothed, scales = _smoothed(onnx_path, graph, targets, keys, batches, spec.smooth_alpha, Path(tmp))
+        tensors = qdq.activation_tensors(onnxio.load(smoothed, False), targets)
+        amax = initial_amax(smoothed, sorted(set(tensors.values())), batches, spec)
     groups: dict[str, list[str]] = {}
     for (node, i), tensor in tensors.items():
         groups.setdefault(tensor, []).append(qat_ranges.input_key(keys[node], i))
-    count = attach(model, groups, amax, spec)
+    count = attach(model, groups, amax, spec, scales)
     log.info("QAT: %d Linears with INT8 inputs and weights, %d activation ranges (%s)", count, len(groups), spec.ranges)
     return count
+
+
+def _smoothed(onnx_path: Path, graph, targets, keys: dict, batches: list, alpha: float, tmp: Path):
+    """SmoothQuant as `build` applies it (quantize/smooth.py, its first 8 calibration batches):
+    (the smoothed FP32 ONNX, {module name: s}); the Linear computes (x / s) @ (W * s)."""
+    import numpy as np
+
+    from trt_seer.export import onnxio
+    from trt_seer.quantize import smooth
+
+    if alpha <= 0:
+        return onnx_path, {}
+    nodes = [t.node for t in targets]
+    xs = list(smooth.groups(graph, nodes))
+    smooth.smooth_model(graph, smooth.channel_absmax(onnx_path, batches[:8], xs), alpha, nodes)
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in graph.graph.initializer}
+
+    scales = {}
+    for x, gemms in smooth.groups(onnxio.load(onnx_path, False), nodes).items():
+        s = 1.0 / numpy_helper.to_array(inits[f"{x}__smooth_inv"]).astype(np.float64)
+        scales.update({keys[g.name]: s.astype(np.float32) for g in gemms})
+    return onnxio.save(graph, tmp / "start.smooth.fp32.onnx"), scales
+
+
+def calibration_batches(info) -> list:
+    """build's default calibration data: calib/default.txt, 256 samples, batches of 16."""
+    from trt_seer import data
+    from trt_seer.export.families import ShapeProfile, max_positions
+
+    if not data.has_tokenizer(info):
+        raise InputError("QAT calibration needs the model's fast tokenizer (tokenizer.json); or pass --from-calib "
+                         "with --smooth-alpha 0")
+    texts = data.load_texts(data.default_corpus("default"))[:CALIB_SAMPLES]
+    longest = min(256, max_positions(info) or 256)  # build's default profile, within the model's positions
+    return list(data.token_batches(info, texts, ShapeProfile(seq=(8, min(128, longest), longest)), CALIB_BATCH))
 
 
 def _target_keys(model, graph, targets) -> dict[str, str]:
@@ -170,10 +218,8 @@ def _target_keys(model, graph, targets) -> dict[str, str]:
     return qat_ranges.target_keys(qat_ranges.linear_nodes(graph, linear_weights(model), targets), targets, modules)
 
 
-def initial_amax(onnx_path: Path, info, names: list[str], texts: list[str], spec: QatSpec) -> dict[str, float]:
-    """amax per ONNX tensor: from --from-calib, else entropy calibration on `texts` (build's defaults)."""
-    from trt_seer import data
-    from trt_seer.export.families import ShapeProfile
+def initial_amax(onnx_path: Path, names: list[str], batches: list, spec: QatSpec) -> dict[str, float]:
+    """amax per ONNX tensor: from --from-calib, else entropy calibration on `batches` (build's defaults)."""
     from trt_seer.quantize import calibrate
 
     if spec.from_calib is not None:
@@ -181,12 +227,8 @@ def initial_amax(onnx_path: Path, info, names: list[str], texts: list[str], spec
         missing = [n for n in names if n not in scales]
         if missing:
             raise InputError(f"--from-calib {spec.from_calib} lacks {len(missing)} of {len(names)} tensors "
-                             f"(e.g. {missing[0]}); write it with build --int8 --int8-mode w8a8 --smooth-alpha 0 "
-                             "on this checkpoint")
+                             f"(e.g. {missing[0]}); write it with build --int8 --int8-mode w8a8 --smooth-alpha "
+                             f"{spec.smooth_alpha:g} on this checkpoint")
         return {n: scales[n] * calibrate.INT8_MAX for n in names}
-    if not data.has_tokenizer(info):
-        raise InputError("QAT calibration needs the model's fast tokenizer (tokenizer.json); or pass --from-calib")
-    batches = list(data.token_batches(info, texts[:CALIB_SAMPLES], ShapeProfile((1, 8, 32), (8, 128, 256)),
-                                      CALIB_BATCH))
     log.info("calibrating %d activation tensors on %d batches (entropy) ...", len(names), len(batches))
     return calibrate.collect_ranges(onnx_path, batches, names, calibrate.CalibSpec(method="entropy"))

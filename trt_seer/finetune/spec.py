@@ -68,6 +68,7 @@ class QatSpec:
     range_lr: float = 1e-3
     attention: bool = False  # also the attention batched matmuls (build --int8-attention)
     loss: str = "labels"  # "labels" (the task loss) | "distill" (KL to the FP32 starting model)
+    smooth_alpha: float = 0.5  # SmoothQuant as build applies it (build must use the same --smooth-alpha)
 
     def check(self, task: str) -> None:
         if self.mode not in QAT_MODES:
@@ -78,6 +79,8 @@ class QatSpec:
             raise InputError(f"unknown --qat-ranges {self.ranges!r}; choose learned or frozen")
         if self.loss not in ("labels", "distill"):
             raise InputError(f"unknown --qat-loss {self.loss!r}; choose labels or distill")
+        if not 0 <= self.smooth_alpha < 1:
+            raise InputError(f"--smooth-alpha must be in [0, 1), got {self.smooth_alpha}")
         if not self.range_lr > 0:
             raise InputError(f"--range-lr must be > 0, got {self.range_lr}")
 

@@ -183,7 +183,7 @@ def check_args(args) -> None:
                              f"one batch ({args.calib_batch}); pass more data or a smaller --calib-batch")
     if getattr(args, "from_cache", None):
         calibrate.read_cache(Path(args.from_cache))
-    qat_ranges.find(args.model)
+    qat_ranges.for_build(args.model, resolve_mode(args), args)
 
 
 def data_fingerprint(args) -> str:
@@ -281,10 +281,10 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
     mode = resolve_mode(args)
     qat = qat_ranges.for_build(info.path, mode, args)  # ranges trained by finetune --qat: no calibration
     src32, base16 = fp32_path, art.path("fp16.onnx")
-    if args.smooth_alpha > 0 and mode == "w8a8" and qat is None:  # smoothing only helps activation quantization
+    if args.smooth_alpha > 0 and mode == "w8a8":  # smoothing only helps activation quantization
         src32, base16 = _smoothed(fp32_path, nodes, cd, args.smooth_alpha, work)
     tensors = quantize.activation_tensors(onnxio.load(src32, False), targets)
-    amax_t = qat_ranges.build_amax(qat, src32, targets, tensors, info.path) if qat else _ranges(src32, tensors, cd, args)
+    amax_t = qat_ranges.build_amax(qat, fp32_path, targets, tensors, info.path) if qat else _ranges(src32, tensors, cd, args)
     _write_cache(cache_path(info, args), amax_t)
     amax = {k: amax_t[t] for k, t in tensors.items()}
     log.info("writing the %s Q/DQ graph ...", mode)
@@ -301,7 +301,7 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
     return {
         "calibration": {"method": args.calib_method, "batches": len(cd.calib), "data": args.calib or "calib/default.txt",
                         "cache": str(cache_path(info, args)), "seeded_from": getattr(args, "from_cache", None),
-                        "smooth_alpha": 0.0 if qat else args.smooth_alpha,
+                        "smooth_alpha": args.smooth_alpha,
                         "qat_ranges": str(qat.path) if qat else None},
         "quantization": {"mode": mode, "int8_gemms": len(targets) - len(excluded), "fp16_gemms": sorted(excluded),
                          "attention": args.int8_attention and mode == "w8a8"},

@@ -40,6 +40,7 @@ class QatRanges:
     amax: dict
     trained: str  # "learned" | "frozen"
     attention_modules: list  # in call order: one QK^T / PV MatMul pair each (empty: no BMM ranges)
+    smooth_alpha: float  # the SmoothQuant strength the ranges were trained under (build must match)
 
     def fingerprint(self) -> str:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
@@ -122,11 +123,12 @@ def find(ckpt: Path | None) -> QatRanges | None:
         amax = {m: float(r["amax"]) for r in doc["ranges"] for m in r["modules"]}
         ok = doc.get("schema") == SCHEMA and doc.get("mode") == "w8a8"
         attention = [str(m) for m in doc.get("attention_modules", [])]
+        alpha = float(doc.get("smooth_alpha", 0.0))
     except (ValueError, KeyError, TypeError) as e:
         raise InputError(f"malformed {path}: {e!r}; rerun finetune --qat int8 or delete the file") from e
     if not ok or not amax or not all(np.isfinite(v) and v > 0 for v in amax.values()):
         raise InputError(f"{path} is not a schema-{SCHEMA} w8a8 ranges file with positive finite amax values")
-    return QatRanges(path, amax, str(doc.get("ranges_trained", "?")), attention)
+    return QatRanges(path, amax, str(doc.get("ranges_trained", "?")), attention, alpha)
 
 
 def tensor_amax(qat: QatRanges, model, targets, tensors: dict, weights: dict) -> dict[str, float]:
@@ -161,11 +163,15 @@ def for_build(ckpt: Path | None, mode: str, args) -> QatRanges | None:
         return None
     if getattr(args, "from_cache", None):
         raise InputError(f"--from-cache and {qat.path} both give activation ranges; drop one")
+    if qat.smooth_alpha != args.smooth_alpha:
+        raise InputError(f"{qat.path} was trained with SmoothQuant alpha {qat.smooth_alpha:g}; build with "
+                         f"--smooth-alpha {qat.smooth_alpha:g}")
     return qat
 
 
 def build_amax(qat: QatRanges, fp32_path: Path, targets, tensors: dict, ckpt: Path) -> dict[str, float]:
-    """`tensor_amax` on the build's FP32 graph, matched through the checkpoint's weights."""
+    """`tensor_amax` for `tensors` (of the smoothed graph, if any), GEMMs matched to modules on the
+    build's unsmoothed FP32 graph through the checkpoint's weights."""
     import logging
 
     from trt_seer.export import onnxio
