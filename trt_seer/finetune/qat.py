@@ -69,10 +69,12 @@ def _qat_forward(module, x):
     return torch.nn.functional.linear(fake_quant_input(x, getattr(module, PARAM)), fake_quant_weight(w), module.bias)
 
 
-def attach(model, groups: dict[str, list[str]], amax: dict[str, float], spec: QatSpec, scales: dict | None = None) -> int:
+def attach(model, groups: dict[str, list[str]], amax: dict[str, float], spec: QatSpec,
+           scales: dict | None = None) -> int:
     """Puts fake quantization where `groups` ({tensor: keys}) says: a key is an nn.Linear's name
     (its input and weight) or `<attention module>#<q|k|p|v>` (a BMM input, qat_attention.py). One
-    range per tensor, initialised to `amax[tensor]`. Returns the number of quantized Linears."""
+    range per tensor, initialised to `amax[tensor]`; `scales` ({module: s}) are SmoothQuant's.
+    Returns the number of quantized Linears."""
     import torch
 
     from trt_seer.finetune.fakequant import make_range

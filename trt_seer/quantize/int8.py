@@ -284,7 +284,10 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
     if args.smooth_alpha > 0 and mode == "w8a8":  # smoothing only helps activation quantization
         src32, base16 = _smoothed(fp32_path, nodes, cd, args.smooth_alpha, work)
     tensors = quantize.activation_tensors(onnxio.load(src32, False), targets)
-    amax_t = qat_ranges.build_amax(qat, fp32_path, targets, tensors, info.path) if qat else _ranges(src32, tensors, cd, args)
+    if qat:
+        amax_t = qat_ranges.build_amax(qat, fp32_path, targets, tensors, info.path)
+    else:
+        amax_t = _ranges(src32, tensors, cd, args)
     _write_cache(cache_path(info, args), amax_t)
     amax = {k: amax_t[t] for k, t in tensors.items()}
     log.info("writing the %s Q/DQ graph ...", mode)
