@@ -29,6 +29,7 @@ def add_parser(subparsers, common):
     _data_args(p.add_argument_group("data"), common)
     _training_args(p.add_argument_group("training"), common)
     _amp_args(p.add_argument_group("mixed precision"))
+    _qat_args(p.add_argument_group("quantization-aware training"))
     s = p.add_argument_group("speed and scale")
     s.add_argument("--compile", action="store_true",
                    help="torch.compile the model (static shapes; batches padded to multiples of 32 tokens)")
@@ -85,6 +86,40 @@ def _amp_args(g) -> None:
                    help="fp16: scale multiplier after an overflow, whose step is skipped (default: 0.5)")
 
 
+def _qat_args(g) -> None:
+    g.add_argument("--qat", choices=("int8",), default=None,
+                   help="train with fake INT8 where build --int8 --int8-mode w8a8 puts Q/DQ (GEMM inputs "
+                        "per tensor, weights per output channel); writes qat_ranges.json, which build uses "
+                        "instead of calibrating. text-classification only")
+    g.add_argument("--from-calib", metavar="PATH", default=None,
+                   help="--qat: start the ranges from this TensorRT calibration cache (from build --int8 "
+                        "--int8-mode w8a8 of the starting checkpoint, same --smooth-alpha) instead of entropy calibration")
+    g.add_argument("--qat-ranges", choices=("learned", "frozen"), default="learned",
+                   help="--qat: learn the activation ranges (LSQ-style, log amax) or keep them frozen "
+                        "(default: learned)")
+    g.add_argument("--int8-attention", action="store_true",
+                   help="--qat: also fake-quantize the attention batched matmuls, for build --int8-attention")
+    g.add_argument("--qat-loss", choices=("labels", "distill"), default="labels",
+                   help="--qat: train on the labels (task loss) or distill the FP32 starting model's class "
+                        "distribution into the quantized one (KL; labels unused) (default: labels)")
+    g.add_argument("--smooth-alpha", type=float, default=0.5,
+                   help="--qat: SmoothQuant strength, as build applies it; build with the same value (default 0.5)")
+    g.add_argument("--range-lr", type=float, default=1e-3,
+                   help="--qat learned ranges: AdamW learning rate of log(amax) (default: 1e-3)")
+
+
+def _qat_spec(args, path):
+    from trt_seer.errors import InputError
+    from trt_seer.finetune import QatSpec
+
+    if args.qat is None:
+        if args.from_calib is not None:
+            raise InputError("--from-calib needs --qat int8")
+        return None
+    return QatSpec(args.qat, path(args.from_calib), args.qat_ranges, args.range_lr, args.int8_attention, args.qat_loss,
+                   args.smooth_alpha)
+
+
 def spec_from_args(args):
     from trt_seer.finetune import AmpSpec, DataSpec, FinetuneSpec
 
@@ -97,7 +132,7 @@ def spec_from_args(args):
     return FinetuneSpec(out=path(args.out), model=path(args.model), task=args.task or "text-classification",
                         data=data, amp=amp, batch=args.batch, accum=args.accum, epochs=args.epochs,
                         lr=args.lr, clip_norm=args.clip_norm, max_steps=args.max_steps, seed=args.seed,
-                        compile=args.compile, zero1=args.zero1, device=args.device)
+                        compile=args.compile, zero1=args.zero1, device=args.device, qat=_qat_spec(args, path))
 
 
 def run(args) -> int:

@@ -11,7 +11,9 @@
 The output directory holds model.safetensors, config.json (id2label, label2id,
 architectures = *ForSequenceClassification; for causal-lm *ForCausalLM with a pad token), the
 tokenizer files (pad = EOS when the base tokenizer had no pad token), training.json (task,
-settings, metrics, hardware), metrics.jsonl and curves.png. It appears only when the run succeeded.
+settings, metrics, hardware), metrics.jsonl and curves.png; with QatSpec (--qat int8) also
+qat_ranges.json, which `build --int8 --int8-mode w8a8` uses instead of calibrating (finetune/qat.py).
+It appears only when the run succeeded.
 """
 from __future__ import annotations
 
@@ -20,11 +22,11 @@ import time
 from pathlib import Path
 
 from trt_seer.errors import InputError
-from trt_seer.finetune.spec import AMP_MODES, AmpSpec, DataSpec, FinetuneSpec
+from trt_seer.finetune.spec import AMP_MODES, AmpSpec, DataSpec, FinetuneSpec, QatSpec
 
 FINAL = ("train_loss", "eval_loss")  # training.json's metrics.final, with the task's eval metric
 
-__all__ = ["AMP_MODES", "AmpSpec", "DataSpec", "FinetuneSpec", "finetune"]
+__all__ = ["AMP_MODES", "AmpSpec", "DataSpec", "FinetuneSpec", "QatSpec", "finetune"]
 
 
 def finetune(spec: FinetuneSpec) -> Path:
@@ -55,14 +57,22 @@ def _run(spec: FinetuneSpec, ctx) -> Path:
     info = checkpoint.resolve(spec.model, spec.task)
     out = Path(spec.out) if spec.out is not None else checkpoint.default_out(info)
     checkpoint.check_out(out)
+    if spec.qat is not None:
+        from trt_seer.finetune import qat
+
+        qat.check(spec.qat)
     dataset = objective.load_data(spec.data)
     tokenizer = checkpoint.load_tokenizer(info)
     max_seq = checkpoint.max_tokens(info, tokenizer, spec.data.max_seq)
     train, evaluation = (objective.encode(part, tokenizer, max_seq) for part in (dataset.train, dataset.eval))
     model = objective.load_model(info, dataset, tokenizer.pad_token_id, spec.seed)
+    teacher = None
+    if spec.qat is not None:
+        teacher = qat.teacher(model, spec.qat)  # before fake quantization goes on
+        qat.prepare(model, tokenizer, spec.qat)
     staged = checkpoint.stage(out) if ctx.is_main else None
     try:
-        record = _train(spec, ctx, model, tokenizer, train, evaluation, staged)
+        record = _train(spec, ctx, model, tokenizer, train, evaluation, staged, teacher)
         if staged is not None:
             record.update(_describe(info, dataset, train, evaluation, max_seq))
             checkpoint.write_training_json(staged, record)
@@ -74,16 +84,20 @@ def _run(spec: FinetuneSpec, ctx) -> Path:
     return out
 
 
-def _train(spec, ctx, model, tokenizer, train, evaluation, staged: Path | None) -> dict:
+def _train(spec, ctx, model, tokenizer, train, evaluation, staged: Path | None, teacher=None) -> dict:
     """Trains, then (rank 0) saves the checkpoint and the curves into `staged`."""
     from trt_seer.finetune import checkpoint, distributed, monitor
     from trt_seer.finetune.train import fit, make_trainer, total_steps
 
     started = time.perf_counter()
-    tr = make_trainer(model, spec, ctx, total_steps(train, spec, ctx), tokenizer.pad_token_id)
+    tr = make_trainer(model, spec, ctx, total_steps(train, spec, ctx), tokenizer.pad_token_id, teacher)
     epochs = fit(tr, train, evaluation, spec, monitor.Reporter(staged))
     state_bytes = distributed.gather(ctx, distributed.optimizer_state_bytes(tr.optimizer))
     if staged is not None:
+        if spec.qat is not None:
+            from trt_seer.finetune import qat
+
+            qat.save_ranges(tr.module, staged, spec.qat)  # also takes the fake quantization off
         checkpoint.save(tr.module, tokenizer, staged)
         monitor.plot_curves(staged / monitor.METRICS_FILE, staged / monitor.PLOT_FILE)
     final = (*FINAL, tr.objective.metric)

@@ -52,6 +52,39 @@ class DataSpec:
             raise InputError(f"--num-labels must be >= 2, got {self.num_labels}")
 
 
+QAT_MODES = ("int8",)
+RANGE_MODES = ("learned", "frozen")
+
+
+@dataclass(frozen=True)
+class QatSpec:
+    """Quantization-aware training (finetune/qat.py): fake INT8 where `build --int8 --int8-mode w8a8`
+    puts Q/DQ. Ranges start at the entropy calibration (or a TensorRT cache, `from_calib`) and are
+    then learned (log amax, LSQ-style gradients, learning rate `range_lr`) or kept frozen."""
+
+    mode: str = "int8"
+    from_calib: Path | None = None
+    ranges: str = "learned"  # "learned" | "frozen"
+    range_lr: float = 1e-3
+    attention: bool = False  # also the attention batched matmuls (build --int8-attention)
+    loss: str = "labels"  # "labels" (the task loss) | "distill" (KL to the FP32 starting model)
+    smooth_alpha: float = 0.5  # SmoothQuant as build applies it (build must use the same --smooth-alpha)
+
+    def check(self, task: str) -> None:
+        if self.mode not in QAT_MODES:
+            raise UnsupportedError(f"--qat supports {', '.join(QAT_MODES)}, not {self.mode!r}")
+        if task != "text-classification":
+            raise UnsupportedError(f"--qat int8 trains text-classification models (W8A8 encoders), not --task {task}")
+        if self.ranges not in RANGE_MODES:
+            raise InputError(f"unknown --qat-ranges {self.ranges!r}; choose learned or frozen")
+        if self.loss not in ("labels", "distill"):
+            raise InputError(f"unknown --qat-loss {self.loss!r}; choose labels or distill")
+        if not 0 <= self.smooth_alpha < 1:
+            raise InputError(f"--smooth-alpha must be in [0, 1), got {self.smooth_alpha}")
+        if not self.range_lr > 0:
+            raise InputError(f"--range-lr must be > 0, got {self.range_lr}")
+
+
 @dataclass(frozen=True)
 class FinetuneSpec:
     """One run. `batch` is each process's micro-batch: an optimizer step sees
@@ -74,6 +107,7 @@ class FinetuneSpec:
     compile: bool = False
     zero1: bool = False
     device: str = "auto"  # "auto" | "cuda" | "cpu"
+    qat: QatSpec | None = None  # quantization-aware training
 
     def check(self) -> None:
         """Raises InputError for anything wrong that needs no file or library to find out."""
@@ -92,6 +126,8 @@ class FinetuneSpec:
             raise InputError("--lr must be > 0, --clip-norm >= 0 and warmup in [0, 1)")
         self.amp.check()
         self.data.check()
+        if self.qat is not None:
+            self.qat.check(self.task)
 
     def to_dict(self) -> dict:
         """JSON-ready settings (paths as strings)."""

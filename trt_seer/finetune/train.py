@@ -48,6 +48,7 @@ class Trainer:
     pad_multiple: int = PAD_MULTIPLE  # training batches' sequence length is a multiple of this
     step: int = 0
     skipped: int = 0
+    teacher: object = None  # QAT distillation: the FP32 starting model; the loss then ignores labels
 
 
 def autocast(ctx: Context, amp: str):
@@ -82,13 +83,18 @@ def make_scheduler(optimizer, total_steps: int, warmup: float):
 
 
 def param_groups(module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only (not on biases and LayerNorm weights)."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    """Weight decay on matrices only (not on biases and LayerNorm weights); QAT ranges (tagged
+    `range_lr`, finetune/qat.py) get their own learning rate and no decay."""
+    params = [p for p in module.parameters() if p.requires_grad and not hasattr(p, "range_lr")]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    ranges = [p for p in module.parameters() if p.requires_grad and hasattr(p, "range_lr")]
+    if ranges:
+        groups.append({"params": ranges, "weight_decay": 0.0, "lr": ranges[0].range_lr})
+    return groups
 
 
-def make_trainer(module, spec: FinetuneSpec, ctx: Context, total_steps: int, pad_id: int) -> Trainer:
+def make_trainer(module, spec: FinetuneSpec, ctx: Context, total_steps: int, pad_id: int, teacher=None) -> Trainer:
     """Moves `module` to the device and wraps it (DDP, torch.compile) with optimizer and scaler."""
     import torch
 
@@ -105,7 +111,8 @@ def make_trainer(module, spec: FinetuneSpec, ctx: Context, total_steps: int, pad
     scheduler = make_scheduler(optimizer, total_steps, spec.warmup)
     return Trainer(ctx, spec.amp.mode, module, forward, ddp, optimizer, scheduler, make_scaler(spec.amp, ctx),
                    pad_id, for_task(spec.task), spec.clip_norm, spec.max_steps, torch.ones((), device=ctx.device),
-                   pad_multiple=COMPILED_PAD_MULTIPLE if spec.compile else PAD_MULTIPLE)
+                   pad_multiple=COMPILED_PAD_MULTIPLE if spec.compile else PAD_MULTIPLE,
+                   teacher=None if teacher is None else teacher.to(ctx.device).eval())
 
 
 def backward(tr: Trainer, micro_batches: list[dict], step_units: int):
@@ -124,13 +131,23 @@ def backward(tr: Trainer, micro_batches: list[dict], step_units: int):
         with sync:
             with autocast(tr.ctx, tr.amp):
                 logits = tr.forward(**batch, **tr.objective.forward_kwargs).logits  # (batch, [seq,] classes)
-                loss = tr.objective.loss_sum(logits, labels)
+                loss = tr.objective.loss_sum(logits, labels) if tr.teacher is None else distill_sum(tr, batch, logits)
             # DDP averages gradients over ranks: multiply back so the result is a sum / step_units
             loss = loss * (tr.ctx.world / max(step_units, 1))
             tr.scaler.scale(loss).backward()
         total += loss.detach()
         tokens += batch["attention_mask"].sum()
     return total / tr.ctx.world, tokens
+
+
+def distill_sum(tr: Trainer, batch: dict, logits):
+    """Summed KL(teacher || student) of the class distributions; logits (batch, classes)."""
+    import torch
+
+    with torch.no_grad():
+        target = tr.teacher(**batch, **tr.objective.forward_kwargs).logits.float()
+    return torch.nn.functional.kl_div(torch.log_softmax(logits.float(), -1), torch.log_softmax(target, -1),
+                                      log_target=True, reduction="sum")
 
 
 def to_device(batch: dict, ctx: Context) -> dict:

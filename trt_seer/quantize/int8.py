@@ -20,6 +20,7 @@ from trt_seer.export import onnxio
 from trt_seer.errors import AccuracyGateError, InputError
 from trt_seer.export.families import ModelInfo, ShapeProfile
 from trt_seer.files import ensure_out_dir, sha256_file, sha256_json
+from trt_seer.quantize import qat_ranges
 
 log = logging.getLogger(__name__)
 HELDOUT_EVERY = 5  # user data: every 5th sample is held out for the gate
@@ -207,6 +208,7 @@ def check_args(args) -> None:
                     "output (TensorRT-RTX returned NaN); the default (auto) is weight-only")
     if getattr(args, "calib_cache", None):  # the default place, under --out, is checked with --out
         ensure_out_dir(Path(args.calib_cache).parent)
+    qat_ranges.for_build(args.model, resolve_mode(args), args)
 
 
 def data_fingerprint(args) -> str:
@@ -230,6 +232,7 @@ def _key(fp32: dict, fp16: dict, args, gate: Gate) -> str:
         "gate": [gate.min_cosine, gate.min_cosine_each, gate.min_top1],
         "seed": sha256_file(Path(seed)) if seed and Path(seed).is_file() else seed, "trt_seer": __version__,
         "cpu": CPU_INT8_FORM,
+        "qat": qat_ranges.fingerprint(Path(fp32["source"]["checkpoint"])),
     })
 
 
@@ -304,7 +307,6 @@ def _log_counts(counts: dict) -> None:
 
 def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Gate, work: Path) -> dict:
     from trt_seer.eval import evaluate
-    from trt_seer.quantize import layers
     from trt_seer.quantize import qdq as quantize
 
     fp32_path, dest = art.path("fp32.onnx"), art.path("int8.onnx")
@@ -313,11 +315,15 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
                                     quantize.QuantSpec(args.int8_attention), info.task)
     nodes = [t.node for t in targets]
     mode = resolve_mode(args)
+    qat = qat_ranges.for_build(info.path, mode, args)  # ranges trained by finetune --qat: no calibration
     src32, base16 = fp32_path, art.path("fp16.onnx")
     if args.smooth_alpha > 0 and mode == "w8a8":  # smoothing only helps activation quantization
         src32, base16 = _smoothed(fp32_path, nodes, cd, args.smooth_alpha, work)
     tensors = quantize.activation_tensors(onnxio.load(src32, False), targets)
-    amax_t = _ranges(src32, tensors, cd, args)
+    if qat:
+        amax_t = qat_ranges.build_amax(qat, fp32_path, targets, tensors, info.path)
+    else:
+        amax_t = _ranges(src32, tensors, cd, args)
     _write_cache(cache_path(info, args), amax_t)
     amax = {k: amax_t[t] for k, t in tensors.items()}
     log.info("writing the %s Q/DQ graph ...", mode)
@@ -341,7 +347,8 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
     return {
         "calibration": {"method": args.calib_method, "batches": len(cd.calib), "data": args.calib or "calib/default.txt",
                         "cache": str(cache_path(info, args)), "seeded_from": getattr(args, "from_cache", None),
-                        "smooth_alpha": args.smooth_alpha},
+                        "smooth_alpha": args.smooth_alpha,
+                        "qat_ranges": str(qat.path) if qat else None},
         "quantization": {"mode": mode, "int8_gemms": counts, "attention": args.int8_attention and mode == "w8a8"},
         "accuracy": {"onnx_vs_fp32": evaluate.accuracy_entry(metrics, dest, fp32_path),
                      "gate": {"passed": True, "thresholds": gate.__dict__, "measured_on": evaluate.measured_on(dest),

@@ -1,0 +1,129 @@
+"""PTQ vs QAT for W8A8 on a fine-tuned classifier: FP16 layers the gate needs, and task accuracy.
+
+    python -m trt_seer finetune --out clf --epochs 1 --lr 1e-4            # the classifier (topics)
+    python tools/bench_qat.py --base clf --work runs/ --qat learned frozen distill --control [--append docs/BENCHMARKS.md]
+
+1. PTQ: `build --int8 --int8-mode w8a8` of --base (entropy calibration, SmoothQuant 0.5).
+2. QAT: `finetune --model BASE --qat int8 --max-steps N --amp bf16` (learned or frozen ranges on
+   the labels, or distilling BASE), then the same build, which takes the trained ranges
+   (qat_ranges.json) instead of calibrating and smooths nothing. --control: BASE fine-tuned N more
+   steps without QAT, then PTQ (does more training alone move the gate?).
+3. Accuracy against the labels of the embedded topics corpus's evaluation split (every 10th line,
+   never trained on) for each FP32 and Q/DQ graph (ONNX Runtime CPU), next to what each build's
+   gate measured (top-1 agreement with its own FP32 on calib/heldout.txt) and the GEMMs it kept in FP16.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+PROFILE = ["--batch", "1,8,32", "--seq", "8,64,128"]
+
+
+def trt_seer(*args: str) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "trt_seer", *args], check=True, env={**os.environ, "TQDM_DISABLE": "1"})
+    return time.perf_counter() - started
+
+
+def build(model: Path, out: Path, *extra: str) -> dict:
+    if not (out / f"{model.name}.int8.onnx.json").is_file():
+        trt_seer("build", "--model", str(model), "--int8", "--int8-mode", "w8a8", *PROFILE, "--out", str(out),
+                 "--calib-cache", str(out / "calibration.cache"), *extra)
+    return json.loads((out / f"{model.name}.int8.onnx.json").read_text())
+
+
+def accuracy(onnx_path: Path, tokenizer_dir: Path) -> float:
+    """Top-1 accuracy on the topics evaluation split."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from trt_seer.eval.evaluate import session
+    from trt_seer.finetune.data import topics_examples
+
+    _, examples = topics_examples()
+    label2id = AutoConfig.from_pretrained(str(tokenizer_dir)).label2id
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    sess = session(onnx_path)
+    names = [i.name for i in sess.get_inputs()]
+    correct = 0
+    for start in range(0, len(examples), 32):
+        part = examples[start:start + 32]
+        enc = tok([e.text for e in part], padding=True, truncation=True, max_length=128, return_tensors="np")
+        feeds = {k: enc[k].astype(np.int64) if k in enc else np.zeros_like(enc["input_ids"], np.int64) for k in names}
+        logits = sess.run(None, feeds)[0]  # (batch, labels)
+        correct += int((logits.argmax(-1) == np.array([label2id[e.label] for e in part])).sum())
+    return correct / len(examples)
+
+
+def row(label: str, ckpt: Path, out: Path, rec: dict) -> list[str]:
+    gate = rec["accuracy"]["gate"]["table"]
+    first, last = gate[0][1], gate[-1][1]
+    fp32 = accuracy(out / f"{ckpt.name}.fp32.onnx", ckpt)
+    int8 = accuracy(out / f"{ckpt.name}.int8.onnx", ckpt)
+    return [label, f"{fp32:.4f}", f"{first['top1_agreement']:.4f} ({'pass' if gate[0][2] else 'FAIL'})",
+            str(len(rec["quantization"]["fp16_gemms"])), f"{last['top1_agreement']:.4f}", f"{last['mean_kl']:.5f}",
+            f"{int8:.4f}"]
+
+
+def finetuned(base: Path, out: Path, steps: int, *extra: str) -> tuple[int, float]:
+    """`finetune` of `base` into `out` (kept when there); returns (optimizer steps, seconds)."""
+    if not (out / "training.json").is_file():
+        trt_seer("finetune", "--model", str(base), *extra, "--max-steps", str(steps), "--epochs", "1", "--amp", "bf16",
+                 "--lr", "2e-5", "--out", str(out))
+    training = json.loads((out / "training.json").read_text())
+    return training["metrics"]["optimizer_steps"], training["seconds"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base", required=True, help="fine-tuned classifier checkpoint")
+    p.add_argument("--work", required=True, help="directory for builds and checkpoints (reused when there)")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--int8-attention", action="store_true", help="quantize attention BMMs too (builds and QAT)")
+    p.add_argument("--qat", nargs="+", default=["learned"], choices=("learned", "frozen", "distill"),
+                   help="QAT runs: learned or frozen ranges on the labels, or learned ranges distilling the base")
+    p.add_argument("--control", action="store_true",
+                   help="also PTQ of the base fine-tuned --steps more without QAT (same settings)")
+    p.add_argument("--append", default=None)
+    args = p.parse_args(argv)
+    base, work = Path(args.base).resolve(), Path(args.work).resolve()
+    attn, tag = (["--int8-attention"], "A") if args.int8_attention else ([], "")
+    rows = [row("PTQ, SmoothQuant 0.5 (build default)", base, work / f"ptq{tag}", build(base, work / f"ptq{tag}", *attn))]
+    if args.control:
+        steps, seconds = finetuned(base, work / "cont", args.steps)
+        rows.append(row(f"+{steps} steps FP32 fine-tuning, then PTQ", work / "cont", work / f"cont-ptq{tag}",
+                        build(work / "cont", work / f"cont-ptq{tag}", *attn)))
+    names = {"learned": f"qat{tag}", "frozen": f"qat{tag}-frozen", "distill": f"qat{tag}-kd"}
+    for kind in args.qat:
+        qat = work / names[kind]
+        extra = ["--qat-ranges", "frozen"] if kind == "frozen" else ["--qat-loss", "distill"] if kind == "distill" else []
+        steps, seconds = finetuned(base, qat, args.steps, "--qat", "int8", *attn, *extra)
+        label = {"learned": "labels, learned ranges", "frozen": "labels, frozen ranges",
+                 "distill": "distilling the base, learned ranges"}[kind]
+        rows.append(row(f"QAT, {steps} steps, {label} ({seconds / 60:.0f} min)", qat, work / f"{qat.name}-build",
+                        build(qat, work / f"{qat.name}-build", *attn)))
+    head = ["model", "FP32 accuracy", "gate, all GEMMs INT8 (top-1 agreement)", "GEMMs kept FP16",
+            "gate, final", "final mean KL", "INT8 accuracy"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+    text = "\n".join(lines) + ("\n\nFine-tuning: batch 32, bf16 autocast, lr 2e-5, on 2 shared CPU cores. Accuracy: the "
+                                "topics evaluation split (243 texts); gate: top-1 agreement with the build's own FP32 "
+                                "on calib/heldout.txt (160 texts), threshold 0.99.")
+    print(text)
+    if args.append:
+        from trt_seer.bench.report import append_benchmark
+
+        command = (f"python tools/bench_qat.py --base <classifier> --work <dir> --steps {args.steps} --qat "
+                   f"{' '.join(args.qat)}{' --control' if args.control else ''} {' '.join(attn)}").strip()
+        append_benchmark(Path(args.append), "W8A8 PTQ vs QAT (finetune --qat int8)", command, "CPU", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Fake INT8 for quantization-aware training, with the rounding and clamping of the Q/DQ pairs that
+`build` writes (ONNX QuantizeLinear: round half to even, saturate to [-128, 127]; weights symmetric
+in [-127, 127]). Straight-through gradients come from torch's fake-quantize ops."""
+from __future__ import annotations
+
+import math
+
+
+def make_range(amax: float, learned: bool, lr: float, tensor: str):
+    """A 0-dim parameter holding log(amax), tagged for the optimizer (`range_lr`) and for
+    qat_ranges.json (`tensor`, `initial_amax`). Frozen ranges do not require grad."""
+    import torch
+
+    p = torch.nn.Parameter(torch.tensor(math.log(amax)), requires_grad=learned)
+    p.range_lr, p.tensor, p.initial_amax = lr, tensor, amax
+    return p
+
+
+def fake_quant_input(x, log_amax):
+    """Per-tensor symmetric INT8 fake quantization of `x` (any float dtype) with amax exp(log_amax);
+    learned ranges get LSQ gradients (the op behind torch.ao's _LearnableFakeQuantize)."""
+    import torch
+
+    scale = (log_amax.float().exp() / 127.0).reshape(1)
+    if log_amax.requires_grad:
+        y = torch._fake_quantize_learnable_per_tensor_affine(x.float(), scale, torch.zeros_like(scale), -128, 127, 1.0)
+    else:
+        zero = torch.zeros(1, dtype=torch.int32, device=x.device)
+        y = torch.fake_quantize_per_tensor_affine(x.float(), scale, zero, -128, 127)
+    return y.to(x.dtype)
+
+
+def fake_quant_weight(w):
+    """Per-output-channel symmetric INT8 (rows of an nn.Linear weight), scale = max |row| / 127."""
+    import torch
+
+    amax = w.detach().float().abs().amax(dim=1)  # (out,)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    zero = torch.zeros(w.shape[0], dtype=torch.int32, device=w.device)
+    return torch.fake_quantize_per_channel_affine(w.float(), scale, zero, 0, -127, 127).to(w.dtype)
