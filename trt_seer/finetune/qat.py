@@ -146,7 +146,7 @@ def prepare(model, tokenizer, spec: QatSpec) -> int:
     from trt_seer.export import onnxio
     from trt_seer.export.checkpoint import onnx_from_checkpoint
     from trt_seer.export.families import resolve_model
-    from trt_seer.finetune import checkpoint
+    import trt_seer.finetune.checkpoint as checkpoint
     from trt_seer.quantize import qat_ranges, qdq
 
     with tempfile.TemporaryDirectory(prefix="trt_seer_qat_") as tmp:
@@ -210,7 +210,7 @@ def calibration_batches(info) -> list:
 def _target_keys(model, graph, targets) -> dict[str, str]:
     """ONNX GEMM node -> range key (qat_ranges.target_keys); with attention BMMs among `targets`,
     switches `model` to the fake-quantizing attention (qat_attention.py)."""
-    from trt_seer.finetune import qat_attention
+    import trt_seer.finetune.qat_attention as qat_attention
     from trt_seer.quantize import qat_ranges
 
     modules: list[str] = []
