@@ -91,7 +91,7 @@ def test_build_takes_the_trained_ranges_as_qdq_scales(qat_built):
     rec = json.loads((qat_built / "eng" / "qat.int8.onnx.json").read_text())
     assert rec["calibration"]["qat_ranges"].endswith(qat_ranges.RANGES_FILE)
     assert rec["calibration"]["smooth_alpha"] == 0.5 and rec["quantization"]["mode"] == "w8a8"
-    assert rec["accuracy"]["gate"]["passed"] and rec["quantization"]["fp16_gemms"] == []
+    assert rec["accuracy"]["gate"]["passed"] and rec["quantization"]["int8_gemms"]["fp16_fallback"] == []
     fp32 = onnxio.load(qat_built / "eng" / "qat.fp32.onnx")
     targets = qdq.find_targets(fp32, qdq.QuantSpec(attention=True), "text-classification")
     linear = qat_ranges.linear_nodes(fp32, qat_ranges.checkpoint_weights(qat_built / "qat"), targets)
