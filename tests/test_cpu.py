@@ -43,6 +43,8 @@ def test_fused_graph_fuses_and_matches_fp32(tiny_bert):
     feeds = sample_inputs(info, 4, 37, seed=7)  # padded rows included
     ref, got = sess_ref.run(["sentence_embedding"], feeds)[0], sess_cpu.run(["sentence_embedding"], feeds)[0]
     np.testing.assert_allclose(got, ref, atol=1e-5)
+    held_out = record["accuracy"]["onnx_vs_fp32"]  # held-out accuracy, named as the graph's on ONNX Runtime
+    assert held_out["min_cosine"] > 0.9999 and held_out["measured_on"]["artifact"] == art.path("fp32.cpu.onnx").name
 
 
 def test_fused_graph_is_cached_by_its_record(tiny_bert):

@@ -139,8 +139,13 @@ def fp32_cpu_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = Fal
         return None
     log.info("fused %s; verified against %s: %s", ", ".join(f"{n} {k}" for k, n in report["fused_ops"].items()),
              art.path("fp32.onnx").name, _fmt_verification(report["verification"]))
+    from trt_seer.eval.evaluate import accuracy_entry, compare_onnx, eval_batches
+
+    accuracy = compare_onnx(info, art.path("fp32.onnx"), dest, eval_batches(info))
+    log.info("fused vs plain FP32 (ONNX Runtime, held-out data): %s", _fmt_metrics(accuracy))
     return write_record(dest, {**inherit(fp32), "precision": "fp32", "form": "onnxruntime CPU (fused)", "key": key,
-                               "fp32_sha256": fp32["sha256"], **report})
+                               "fp32_sha256": fp32["sha256"], **report,
+                               "accuracy": {"onnx_vs_fp32": accuracy_entry(accuracy, dest, art.path("fp32.onnx"))}})
 
 
 def _fmt_verification(report: dict) -> str:
