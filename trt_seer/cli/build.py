@@ -98,7 +98,10 @@ def run(args) -> int:
     from trt_seer.export.families import check_profile
 
     check_profile(info, specs[0].profile)
-    _check_quantization(info, args)
+    from trt_seer.quantize.spec import QuantStageSpec
+
+    quant = QuantStageSpec.from_args(args)  # all the quantization stages see of the command line
+    _check_quantization(info, args, quant)
     out = ensure_out_dir(args.out)
     flavor = trt.load()
     for spec in specs:
@@ -107,7 +110,7 @@ def run(args) -> int:
     fp32 = pipeline.fp32_onnx(info, art, args.force)
     pipeline.fp32_cpu_onnx(info, art, fp32, args.force)
     for spec in specs:
-        onnx_record = _onnx_for(spec.precision, info, art, fp32, args)
+        onnx_record = _onnx_for(spec.precision, info, art, fp32, quant)
         manifest_data, rebuilt = pipeline.engine(onnx_record, art, spec, args.force)
         _report(art, spec.precision, manifest_data, rebuilt)
     if "int8" in precisions(args) and info.task != "causal-lm":
@@ -115,7 +118,7 @@ def run(args) -> int:
     return 0
 
 
-def _check_quantization(info, args) -> None:
+def _check_quantization(info, args, quant) -> None:
     """Fails fast, before any export, on options that cannot apply to this model."""
     from trt_seer.errors import UnsupportedError
 
@@ -128,7 +131,7 @@ def _check_quantization(info, args) -> None:
     if chosen[-1] in ("int8", "int4"):
         from trt_seer.quantize import int8
 
-        int8.check_args(args)
+        int8.check_spec(quant)
 
 
 def _int8_benefit(art) -> None:
@@ -147,20 +150,20 @@ def _int8_benefit(art) -> None:
             log.warning("warning: %s", warning)
 
 
-def _onnx_for(precision: str, info, art, fp32: dict, args) -> dict:
+def _onnx_for(precision: str, info, art, fp32: dict, quant) -> dict:
     from trt_seer import pipeline
 
     if precision == "fp32":
         return fp32
     if precision == "fp16":
-        return pipeline.fp16_onnx(info, art, fp32, args.force)
+        return pipeline.fp16_onnx(info, art, fp32, quant.force)
     if info.task == "causal-lm":
         from trt_seer.quantize import decoder_stage
 
-        return decoder_stage.weight_only_onnx(info, art, fp32, args, int(precision[3:]))
+        return decoder_stage.weight_only_onnx(info, art, fp32, quant, int(precision[3:]))
     from trt_seer.quantize import int8
 
-    return int8.int8_onnx(info, art, fp32, args)
+    return int8.int8_onnx(info, art, fp32, quant)
 
 
 def _report(art, precision: str, data: dict, rebuilt: bool) -> None:

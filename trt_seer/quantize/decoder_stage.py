@@ -24,6 +24,7 @@ from trt_seer.export.families import ModelInfo, ShapeProfile, max_positions
 from trt_seer.files import sha256_json
 from trt_seer.quantize import int8
 from trt_seer.quantize.weightonly import WeightOnlySpec
+from trt_seer.quantize.spec import QuantStageSpec
 
 log = logging.getLogger(__name__)
 GATE_ROWS, GATE_LENGTH = 16, 64  # held-out rows x tokens, teacher-forced
@@ -52,33 +53,33 @@ class DecoderGate:
         return fails
 
 
-def spec_from_args(args, bits: int) -> WeightOnlySpec:
-    return WeightOnlySpec(bits, getattr(args, "int4_block", 128), getattr(args, "quantize_lm_head", False))
+def weight_only_spec(quant: QuantStageSpec, bits: int) -> WeightOnlySpec:
+    return WeightOnlySpec(bits, quant.int4_block, quant.quantize_lm_head)
 
 
-def _uses_awq(args, bits: int) -> bool:
-    return bits == 4 and not getattr(args, "no_awq", False)
+def _uses_awq(quant: QuantStageSpec, bits: int) -> bool:
+    return bits == 4 and not quant.no_awq
 
 
-def _key(fp16: dict, args, spec: WeightOnlySpec, gate: DecoderGate) -> str:
-    return sha256_json({"fp16": fp16["sha256"], "data": int8.data_fingerprint(args), "bits": spec.bits,
-                        "block": spec.block_size, "head": spec.lm_head, "awq": _uses_awq(args, spec.bits),
-                        "samples": args.calib_samples, "batch": args.calib_batch,
-                        "profile": [list(args.batch), list(args.seq)], "gate": [gate.max_ppl_increase, gate.min_agreement],
+def _key(fp16: dict, quant: QuantStageSpec, spec: WeightOnlySpec, gate: DecoderGate) -> str:
+    return sha256_json({"fp16": fp16["sha256"], "data": int8.data_fingerprint(quant), "bits": spec.bits,
+                        "block": spec.block_size, "head": spec.lm_head, "awq": _uses_awq(quant, spec.bits),
+                        "samples": quant.calib_samples, "batch": quant.calib_batch,
+                        "profile": [list(quant.batch), list(quant.seq)], "gate": [gate.max_ppl_increase, gate.min_agreement],
                         "rows": [GATE_ROWS, GATE_LENGTH], "trt_seer": __version__})
 
 
-def weight_only_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, args, bits: int) -> dict:
+def weight_only_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, quant: QuantStageSpec, bits: int) -> dict:
     """Builds (or reuses) the gated weight-only ONNX `<name>.int{bits}.onnx`; returns its record."""
-    fp16 = pipeline.fp16_onnx(info, art, fp32, args.force)
-    spec = spec_from_args(args, bits)
-    gate = DecoderGate.for_bits(bits, getattr(args, "max_ppl_increase", None), getattr(args, "min_agreement", None))
-    dest, key = art.path(f"int{bits}.onnx"), _key(fp16, args, spec, gate)
-    record = None if args.force else pipeline.up_to_date(dest, manifest.record_path(dest), key)
+    fp16 = pipeline.fp16_onnx(info, art, fp32, quant.force)
+    spec = weight_only_spec(quant, bits)
+    gate = DecoderGate.for_bits(bits, quant.max_ppl_increase, quant.min_agreement)
+    dest, key = art.path(f"int{bits}.onnx"), _key(fp16, quant, spec, gate)
+    record = None if quant.force else pipeline.up_to_date(dest, manifest.record_path(dest), key)
     if record:
         log.info("int%d ONNX up to date: %s", bits, dest)
         return record
-    extra = quantize_and_gate(info, art, args, spec, gate)
+    extra = quantize_and_gate(info, art, quant, spec, gate)
     inherited = {**pipeline.inherit(fp16), **({"decoder": fp16["decoder"]} if "decoder" in fp16 else {})}
     return pipeline.write_record(dest, {**inherited, "precision": f"int{bits}", "key": key,
                                         "fp32_sha256": fp32["sha256"], "fp16_sha256": fp16["sha256"], **extra})
@@ -144,18 +145,18 @@ def _write(fp16_path: Path, dest: Path, spec: WeightOnlySpec, scales: dict, excl
     return len(targets)
 
 
-def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, spec: WeightOnlySpec, gate: DecoderGate) -> dict:
+def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantStageSpec, spec: WeightOnlySpec, gate: DecoderGate) -> dict:
     """Writes `<name>.int{bits}.onnx` with the fewest GEMMs in FP16 that pass `gate`; returns the
     record's quantization, calibration and accuracy sections. AccuracyGateError (exit 1) if none does."""
     from trt_seer.eval import teacher
     from trt_seer.quantize import weightonly
 
     fp32_path, fp16_path, dest = art.path("fp32.onnx"), art.path("fp16.onnx"), art.path(f"int{spec.bits}.onnx")
-    cd = int8.load_calib_data(info, args, ShapeProfile(tuple(args.batch), tuple(args.seq)))
+    cd = int8.load_calib_data(info, quant, ShapeProfile(tuple(quant.batch), tuple(quant.seq)))
     model16 = onnxio.load(fp16_path)
     targets = weightonly.find_targets(model16, spec)
     scales, awq_report = {}, None
-    if _uses_awq(args, spec.bits):
+    if _uses_awq(quant, spec.bits):
         log.info("searching AWQ scales for %d GEMMs ...", len(targets))
         scales, awq_report = awq_scales(fp32_path, model16, targets, _prefill(fp32_path, cd.calib), spec)
     rows = _teacher_rows(info, cd)
@@ -173,7 +174,7 @@ def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, spec: Weig
         raise AccuracyGateError(f"INT{spec.bits} cannot pass the accuracy gate even with every layer in FP16 ("
                                 + "; ".join(fails) + ")\n" + table)
     return {"quantization": _quantization(model16, spec, len(targets), excluded, awq_report),
-            "calibration": {"data": args.calib or "calib/default.txt", "batches": len(cd.calib)},
+            "calibration": {"data": quant.calib or "calib/default.txt", "batches": len(cd.calib)},
             "accuracy": {"onnx_vs_fp16": metrics, "measured_on": _measured_on(fp16_path),
                          "gate": {"passed": True, "thresholds": gate.__dict__,
                                   "table": [[r[0], r[1], not r[2]] for r in table_rows]}}}

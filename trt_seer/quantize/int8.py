@@ -21,6 +21,7 @@ from trt_seer.errors import AccuracyGateError, InputError
 from trt_seer.export.families import ModelInfo, ShapeProfile
 from trt_seer.files import ensure_out_dir, sha256_file, sha256_json
 from trt_seer.quantize import qat_ranges
+from trt_seer.quantize.spec import QuantStageSpec
 
 log = logging.getLogger(__name__)
 HELDOUT_EVERY = 5  # user data: every 5th sample is held out for the gate
@@ -82,44 +83,44 @@ def split_heldout(items: list) -> tuple[list, list]:
     return [x for i, x in enumerate(items) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1], held
 
 
-def _text_data(info: ModelInfo, args, profile: ShapeProfile) -> CalibData:
-    if args.calib is None:
+def _text_data(info: ModelInfo, quant: QuantStageSpec, profile: ShapeProfile) -> CalibData:
+    if quant.calib is None:
         src, held = data.default_corpus("default"), data.default_corpus("heldout")
         texts, held_texts = data.load_texts(src), data.load_texts(held)
     else:
-        texts, held_texts = split_heldout(data.load_texts(Path(args.calib), args.text_field))
-    texts = texts[:args.calib_samples]
-    if len(texts) < args.calib_batch:
-        raise InputError(f"{len(texts)} calibration samples are fewer than one batch ({args.calib_batch}); "
+        texts, held_texts = split_heldout(data.load_texts(Path(quant.calib), quant.text_field))
+    texts = texts[:quant.calib_samples]
+    if len(texts) < quant.calib_batch:
+        raise InputError(f"{len(texts)} calibration samples are fewer than one batch ({quant.calib_batch}); "
                          "pass more data or a smaller --calib-batch")
-    calib = list(data.token_batches(info, texts, profile, args.calib_batch))
+    calib = list(data.token_batches(info, texts, profile, quant.calib_batch))
     heldout = list(data.token_batches(info, held_texts[:HELDOUT_SAMPLES], profile, 16))
     return CalibData(calib, heldout)
 
 
-def load_calib_data(info: ModelInfo, args, profile: ShapeProfile) -> CalibData:
-    if args.calib is not None and Path(args.calib).is_dir():
-        batches = _npz_batches(Path(args.calib))
+def load_calib_data(info: ModelInfo, quant: QuantStageSpec, profile: ShapeProfile) -> CalibData:
+    if quant.calib is not None and Path(quant.calib).is_dir():
+        batches = _npz_batches(Path(quant.calib))
         calib, held = split_heldout(batches)
         return CalibData(calib or batches, held or batches[-1:])
-    if args.calib is not None and not Path(args.calib).exists():
-        raise InputError(f"calibration data not found: {args.calib}")
-    return _text_data(info, args, profile)
+    if quant.calib is not None and not Path(quant.calib).exists():
+        raise InputError(f"calibration data not found: {quant.calib}")
+    return _text_data(info, quant, profile)
 
 
-def cache_path(info: ModelInfo, args) -> Path:
+def cache_path(info: ModelInfo, quant: QuantStageSpec) -> Path:
     """Where calibration.cache goes: --calib-cache, else `<out>/calib/<name>/calibration.cache`."""
-    if getattr(args, "calib_cache", None):
-        return Path(args.calib_cache)
-    return Path(args.out) / "calib" / info.name / "calibration.cache"
+    if quant.calib_cache:
+        return Path(quant.calib_cache)
+    return Path(quant.out) / "calib" / info.name / "calibration.cache"
 
 
-def _ranges(fp32_path: Path, tensors: dict, cd: CalibData, args) -> dict[str, float]:
+def _ranges(fp32_path: Path, tensors: dict, cd: CalibData, quant: QuantStageSpec) -> dict[str, float]:
     """amax per activation tensor: from a seed cache (--from-cache) or by calibration."""
     from trt_seer.quantize import calibrate
 
     names = sorted(set(tensors.values()))
-    seed = getattr(args, "from_cache", None)
+    seed = quant.from_cache
     if seed:
         scales = calibrate.read_cache(Path(seed))
         missing = [n for n in names if n not in scales]
@@ -128,8 +129,8 @@ def _ranges(fp32_path: Path, tensors: dict, cd: CalibData, args) -> dict[str, fl
                              f"{len(names)} (e.g. {missing[0]})")
         return {n: scales[n] * calibrate.INT8_MAX for n in names}
     log.info("calibrating %d activation tensors on %d batches (%s) ...", len(names), len(cd.calib),
-             args.calib_method)
-    return calibrate.collect_ranges(fp32_path, cd.calib, names, calibrate.CalibSpec(method=args.calib_method))
+             quant.calib_method)
+    return calibrate.collect_ranges(fp32_path, cd.calib, names, calibrate.CalibSpec(method=quant.calib_method))
 
 
 def _write_cache(path: Path, amax: dict[str, float]) -> None:
@@ -142,11 +143,11 @@ def _write_cache(path: Path, amax: dict[str, float]) -> None:
     calibrate.write_cache(path, calibrate.scales_from_ranges(amax), tag)
 
 
-def resolve_mode(args) -> str:
+def resolve_mode(quant: QuantStageSpec) -> str:
     """`--int8-mode auto` is weight-only everywhere: TensorRT-RTX runs INT8 only as weight-only
     GEMMs, and no W8A8 engine has yet given a correct output on a GPU (NaN under TensorRT-RTX,
     docs/BENCHMARKS.md), so W8A8 is only built when asked for by name."""
-    mode = getattr(args, "int8_mode", "auto")
+    mode = quant.int8_mode
     return "weight-only" if mode == "auto" else mode
 
 
@@ -189,32 +190,32 @@ def _gate_table(rows: list[tuple[str, dict, list[str]]], label: str = "INT8") ->
     return "\n".join(lines)
 
 
-def check_args(args) -> None:
+def check_spec(quant: QuantStageSpec) -> None:
     """Fails fast (before any export) on unusable calibration data or a malformed seed cache."""
     from trt_seer.quantize import calibrate
 
-    src = Path(args.calib) if args.calib is not None else None
+    src = Path(quant.calib) if quant.calib is not None else None
     if src is not None and src.is_dir():
         _npz_batches(src)
     elif src is not None:
-        usable = len(split_heldout(data.load_texts(src, args.text_field))[0])
-        if min(usable, args.calib_samples) < args.calib_batch:
+        usable = len(split_heldout(data.load_texts(src, quant.text_field))[0])
+        if min(usable, quant.calib_samples) < quant.calib_batch:
             raise InputError(f"{src} has {usable} calibration samples (after the held-out split), fewer than "
-                             f"one batch ({args.calib_batch}); pass more data or a smaller --calib-batch")
-    if getattr(args, "from_cache", None):
-        calibrate.read_cache(Path(args.from_cache))
-    if resolve_mode(args) == "w8a8":
+                             f"one batch ({quant.calib_batch}); pass more data or a smaller --calib-batch")
+    if quant.from_cache:
+        calibrate.read_cache(Path(quant.from_cache))
+    if resolve_mode(quant) == "w8a8":
         log.warning("warning: --int8-mode w8a8 is unverified on a GPU: no W8A8 engine has yet given a correct "
                     "output (TensorRT-RTX returned NaN); the default (auto) is weight-only")
-    if getattr(args, "calib_cache", None):  # the default place, under --out, is checked with --out
-        ensure_out_dir(Path(args.calib_cache).parent)
-    qat_ranges.for_build(args.model, resolve_mode(args), args)
+    if quant.calib_cache:  # the default place, under --out, is checked with --out
+        ensure_out_dir(Path(quant.calib_cache).parent)
+    qat_ranges.for_build(quant.model, resolve_mode(quant), quant)
 
 
-def data_fingerprint(args) -> str:
-    if args.calib is None:
+def data_fingerprint(quant: QuantStageSpec) -> str:
+    if quant.calib is None:
         return sha256_json([sha256_file(data.default_corpus(s)) for s in ("default", "heldout")])
-    src = Path(args.calib)
+    src = Path(quant.calib)
     if src.is_dir():
         return sha256_json([sha256_file(f) for f in sorted(src.glob("*.npz"))])
     if not src.is_file():
@@ -222,13 +223,13 @@ def data_fingerprint(args) -> str:
     return sha256_file(src)
 
 
-def _key(fp32: dict, fp16: dict, args, gate: Gate) -> str:
-    seed = getattr(args, "from_cache", None)
+def _key(fp32: dict, fp16: dict, quant: QuantStageSpec, gate: Gate) -> str:
+    seed = quant.from_cache
     return sha256_json({
-        "fp32": fp32["sha256"], "fp16": fp16["sha256"], "data": data_fingerprint(args),
-        "samples": args.calib_samples, "batch": args.calib_batch, "method": args.calib_method,
-        "profile": [list(args.batch), list(args.seq)], "attention": args.int8_attention,
-        "smooth": args.smooth_alpha, "mode": resolve_mode(args),
+        "fp32": fp32["sha256"], "fp16": fp16["sha256"], "data": data_fingerprint(quant),
+        "samples": quant.calib_samples, "batch": quant.calib_batch, "method": quant.calib_method,
+        "profile": [list(quant.batch), list(quant.seq)], "attention": quant.int8_attention,
+        "smooth": quant.smooth_alpha, "mode": resolve_mode(quant),
         "gate": [gate.min_cosine, gate.min_cosine_each, gate.min_top1],
         "seed": sha256_file(Path(seed)) if seed and Path(seed).is_file() else seed, "trt_seer": __version__,
         "cpu": CPU_INT8_FORM,
@@ -279,23 +280,23 @@ def _smoothed(fp32_path: Path, nodes: list[str], cd: CalibData, alpha: float, wo
     return s32, fp16_from_onnx(s32, work / "smooth.fp16.onnx")
 
 
-def int8_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, args) -> dict:
+def int8_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, quant: QuantStageSpec) -> dict:
     """Builds (or reuses) the gated Q/DQ ONNX; returns its record."""
     import tempfile
 
-    fp16 = pipeline.fp16_onnx(info, art, fp32, args.force)
-    gate = Gate(args.min_cosine, args.min_cosine_each, args.min_top1)
-    dest, key = art.path("int8.onnx"), _key(fp32, fp16, args, gate)
-    record = None if args.force else pipeline.up_to_date(dest, manifest.record_path(dest), key)
+    fp16 = pipeline.fp16_onnx(info, art, fp32, quant.force)
+    gate = Gate(quant.min_cosine, quant.min_cosine_each, quant.min_top1)
+    dest, key = art.path("int8.onnx"), _key(fp32, fp16, quant, gate)
+    record = None if quant.force else pipeline.up_to_date(dest, manifest.record_path(dest), key)
     if record and not isinstance(record.get("quantization", {}).get("int8_gemms"), dict):
         record = None  # written before GEMM counts were recorded: redo it
     if record:
         log.info("int8 ONNX up to date: %s", dest)
         _log_counts(record["quantization"]["int8_gemms"])
-        check_int8_left(record["quantization"]["int8_gemms"], getattr(args, "allow_no_int8", False))
+        check_int8_left(record["quantization"]["int8_gemms"], quant.allow_no_int8)
         return record
     with tempfile.TemporaryDirectory(prefix=".int8-", dir=art.out) as work:
-        extra = _calibrate_and_gate(info, art, args, gate, Path(work))
+        extra = _calibrate_and_gate(info, art, quant, gate, Path(work))
     return write_int8_record(dest, fp32, fp16, key, extra)
 
 
@@ -305,30 +306,30 @@ def _log_counts(counts: dict) -> None:
              if counts["fp16_fallback"] else "")
 
 
-def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Gate, work: Path) -> dict:
+def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantStageSpec, gate: Gate, work: Path) -> dict:
     from trt_seer.eval import evaluate
     from trt_seer.quantize import qdq as quantize
 
     fp32_path, dest = art.path("fp32.onnx"), art.path("int8.onnx")
-    cd = load_calib_data(info, args, ShapeProfile(tuple(args.batch), tuple(args.seq)))
+    cd = load_calib_data(info, quant, ShapeProfile(tuple(quant.batch), tuple(quant.seq)))
     targets = quantize.find_targets(onnxio.load(art.path("fp16.onnx"), False),
-                                    quantize.QuantSpec(args.int8_attention), info.task)
+                                    quantize.QuantSpec(quant.int8_attention), info.task)
     nodes = [t.node for t in targets]
-    mode = resolve_mode(args)
-    qat = qat_ranges.for_build(info.path, mode, args)  # ranges trained by finetune --qat: no calibration
+    mode = resolve_mode(quant)
+    qat = qat_ranges.for_build(info.path, mode, quant)  # ranges trained by finetune --qat: no calibration
     src32, base16 = fp32_path, art.path("fp16.onnx")
-    if args.smooth_alpha > 0 and mode == "w8a8":  # smoothing only helps activation quantization
-        src32, base16 = _smoothed(fp32_path, nodes, cd, args.smooth_alpha, work)
+    if quant.smooth_alpha > 0 and mode == "w8a8":  # smoothing only helps activation quantization
+        src32, base16 = _smoothed(fp32_path, nodes, cd, quant.smooth_alpha, work)
     tensors = quantize.activation_tensors(onnxio.load(src32, False), targets)
     if qat:
         amax_t = qat_ranges.build_amax(qat, fp32_path, targets, tensors, info.path)
     else:
-        amax_t = _ranges(src32, tensors, cd, args)
-    _write_cache(cache_path(info, args), amax_t)
+        amax_t = _ranges(src32, tensors, cd, quant)
+    _write_cache(cache_path(info, quant), amax_t)
     amax = {k: amax_t[t] for k, t in tensors.items()}
     log.info("writing the %s Q/DQ graph ...", mode)
     excluded, metrics, fails, rows = _gated(
-        lambda ex: _quantized(base16, dest, amax, ex, info.task, args.int8_attention, mode == "weight-only"),
+        lambda ex: _quantized(base16, dest, amax, ex, info.task, quant.int8_attention, mode == "weight-only"),
         lambda: evaluate.compare_onnx(info, cd.reference(fp32_path), dest, cd.heldout), gate, info.task,
         lambda: _rank(fp32_path, dest, cd.heldout, nodes))
     table = _gate_table(rows)
@@ -340,16 +341,16 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, args, gate: Ga
     counts = gemm_counts(len(targets), excluded)
     _log_counts(counts)
     try:
-        check_int8_left(counts, getattr(args, "allow_no_int8", False), table)
+        check_int8_left(counts, quant.allow_no_int8, table)
     except AccuracyGateError:
         dest.unlink(missing_ok=True)
         raise
     return {
-        "calibration": {"method": args.calib_method, "batches": len(cd.calib), "data": args.calib or "calib/default.txt",
-                        "cache": str(cache_path(info, args)), "seeded_from": getattr(args, "from_cache", None),
-                        "smooth_alpha": args.smooth_alpha,
+        "calibration": {"method": quant.calib_method, "batches": len(cd.calib), "data": quant.calib or "calib/default.txt",
+                        "cache": str(cache_path(info, quant)), "seeded_from": quant.from_cache,
+                        "smooth_alpha": quant.smooth_alpha,
                         "qat_ranges": str(qat.path) if qat else None},
-        "quantization": {"mode": mode, "int8_gemms": counts, "attention": args.int8_attention and mode == "w8a8"},
+        "quantization": {"mode": mode, "int8_gemms": counts, "attention": quant.int8_attention and mode == "w8a8"},
         "accuracy": {"onnx_vs_fp32": evaluate.accuracy_entry(metrics, dest, fp32_path),
                      "gate": {"passed": True, "thresholds": gate.__dict__, "measured_on": evaluate.measured_on(dest),
                               "table": [[r[0], r[1], not r[2]] for r in rows]}},

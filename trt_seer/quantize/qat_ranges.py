@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from trt_seer.errors import InputError
+from trt_seer.quantize.spec import QuantStageSpec
 
 RANGES_FILE = "qat_ranges.json"
 SCHEMA = 1
@@ -151,7 +152,7 @@ def write(dest: Path, ranges: list[dict], meta: dict) -> Path:
     return atomic_write_json(Path(dest) / RANGES_FILE, {"schema": SCHEMA, "mode": "w8a8", **meta, "ranges": ranges})
 
 
-def for_build(ckpt: Path | None, mode: str, args) -> QatRanges | None:
+def for_build(ckpt: Path | None, mode: str, quant: QuantStageSpec) -> QatRanges | None:
     """The ranges `build --int8` uses instead of calibrating: the checkpoint's file in w8a8 mode."""
     import logging
 
@@ -161,9 +162,9 @@ def for_build(ckpt: Path | None, mode: str, args) -> QatRanges | None:
     if mode != "w8a8":
         logging.getLogger(__name__).info("%s ignored: %s INT8 quantizes no activations", qat.path, mode)
         return None
-    if getattr(args, "from_cache", None):
+    if quant.from_cache:
         raise InputError(f"--from-cache and {qat.path} both give activation ranges; drop one")
-    if qat.smooth_alpha != args.smooth_alpha:
+    if qat.smooth_alpha != quant.smooth_alpha:
         raise InputError(f"{qat.path} was trained with SmoothQuant alpha {qat.smooth_alpha:g}; build with "
                          f"--smooth-alpha {qat.smooth_alpha:g}")
     return qat
