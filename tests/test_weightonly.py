@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tiny import make_tiny_checkpoint
+from tiny import VOCAB, make_tiny_checkpoint
 from trt_seer import pipeline
 from trt_seer.engine import manifest, trt
 from trt_seer.export import onnxio
@@ -262,3 +262,28 @@ def test_teacher_forcing_through_the_cache_matches_pytorch(built):
     np.testing.assert_allclose(got, ref, atol=2e-4, rtol=1e-3)
     m = lm_metrics(ref, got, rows)
     assert m["agreement"] == 1.0 and abs(m["ppl_increase"]) < 1e-4 and m["samples"] == 27
+
+
+def test_cpu_forms_use_matmulnbits_and_stand_in_for_the_engines(built):
+    """Beside each weight-only graph, build writes ONNX Runtime's MatMulNBits form (LM head FP32),
+    gated against the FP32 graph; an engine's CPU fallback and `generate` on it run that form."""
+    from trt_seer.runtime import onnx_sibling
+    from trt_seer.runtime.decoder_ort import OrtDecoderStep
+
+    out = built[0]
+    for bits in (8, 4):
+        path = out / f"llama.int{bits}.cpu.onnx"
+        if not path.is_file():  # a form that misses its gate is not written, and says so in the log
+            pytest.fail(f"{path.name} was not written")
+        ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+        rec = record(out, f"int{bits}.cpu")
+        assert ops.count("MatMulNBits") == rec["quantization"]["matmulnbits"] > 0 and "DequantizeLinear" not in ops
+        assert rec["quantization"]["lm_head_fp32"] in {n.name for n in onnx.load(str(path)).graph.node}
+        acc = rec["accuracy"]["onnx_vs_fp32"]
+        assert acc["measured_on"] == {"artifact": path.name, "backend": "onnxruntime CPU"} and rec["accuracy"]["gate"]["passed"]
+        assert onnx_sibling(out / f"llama.int{bits}.engine") == path
+        step = OrtDecoderStep(path)
+        step.reset(2)
+        ids = np.array([[5, 6, 7], [8, 9, 10]], dtype=np.int64)
+        logits = step.step(ids, np.ones_like(ids), np.broadcast_to(np.arange(3), (2, 3)).copy())
+        assert logits.shape == (2, VOCAB) and np.isfinite(logits).all()

@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {  # name -> transformers LlamaConfig keywords
     "llama-1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                      num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=4096),
+    "llama-small": dict(vocab_size=8192, hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
+                        num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=4096),
     "llama-tiny": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
 }
@@ -100,6 +102,26 @@ def _weight_only(art, fp16: dict, precision: str) -> dict:
                                         "quantization": {"bits": spec.bits, "method": "round to nearest"}})
 
 
+def _name(ckpt: Path) -> str:
+    from trt_seer.export.families import resolve_model
+
+    return resolve_model(ckpt, "causal-lm").name
+
+
+def _cpu_artifacts(ckpt: Path, work: Path, precisions: list[str]) -> None:
+    """The FP32 graph and (for INT8 / INT4) the FP16 and Q/DQ graphs, no engines."""
+    from trt_seer import pipeline
+    from trt_seer.export.families import resolve_model
+
+    info = resolve_model(ckpt, "causal-lm")
+    art = pipeline.Artifacts(work, info.name)
+    fp32 = pipeline.fp32_onnx(info, art)
+    fp16 = _fp16(art, fp32)
+    for p in precisions:
+        if p in ("int8", "int4"):
+            _weight_only(art, fp16, p)
+
+
 def measure_engines(engines: dict[str, Path], spec) -> dict[str, dict]:
     from trt_seer.bench.generate import measure_step
     from trt_seer.runtime import cuda
@@ -115,6 +137,38 @@ def measure_engines(engines: dict[str, Path], spec) -> dict[str, dict]:
                                                                  "memory_bytes": used}
         print(json.dumps(rows[f"TensorRT-RTX {precision.upper()} engine"]), flush=True)
     return rows
+
+
+def measure_cpu(work: Path, name: str, precisions: list[str], spec) -> dict[str, dict]:
+    """ONNX Runtime (CPU) steps: the FP32 graph, and for INT8 / INT4 the Q/DQ graph the engine is
+    built from and ONNX Runtime's MatMulNBits form of the same bits (written here, ungated)."""
+    from trt_seer.bench.generate import measure_step
+    from trt_seer.export import onnxio
+    from trt_seer.quantize.cpu_nbits import nbits_model
+    from trt_seer.runtime.decoder_ort import OrtDecoderStep
+
+    paths = {"FP32 graph": work / f"{name}.fp32.onnx"}
+    for p in precisions:
+        if p in ("int8", "int4"):
+            cpu = work / f"{name}.{p}.cpu.onnx"
+            if not cpu.is_file():
+                onnxio.save(nbits_model(work / f"{name}.fp32.onnx", int(p[3:]))[0], cpu)
+            paths[f"{p.upper()} Q/DQ graph"] = work / f"{name}.{p}.onnx"
+            paths[f"{p.upper()} MatMulNBits graph"] = cpu
+    fp32 = json.loads((work / f"{name}.fp32.onnx.json").read_text())
+    rows = {}
+    for label, path in paths.items():
+        step = OrtDecoderStep(path, decoder={**fp32["decoder"], "kv_dtype": _kv_dtype(path)})
+        rows[f"ONNX Runtime CPU, {label}"] = measure_step(step, fp32["decoder"]["vocab_size"], spec)
+        print(label, json.dumps(rows[f"ONNX Runtime CPU, {label}"]), flush=True)
+    return rows
+
+
+def _kv_dtype(path: Path) -> str:
+    from trt_seer.eval.teacher import empty_past, graph_inputs
+
+    past = next(a for a in graph_inputs(path) if a.name.startswith("past_key_values."))
+    return empty_past(past, 1).dtype.name
 
 
 def measure_hf(ckpt: Path, spec) -> dict:
@@ -155,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compute-capability", action="append", default=[])
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--build-only", action="store_true", help="make the artifacts and engines, measure nothing")
+    ap.add_argument("--cpu", action="store_true",
+                    help="no GPU: time ONNX Runtime's CPU forms (FP32, Q/DQ and MatMulNBits) instead of engines")
     ap.add_argument("--append", type=Path)
     ap.add_argument("--price-per-hour", type=float, default=2.5)
     args = ap.parse_args(argv)
@@ -166,12 +222,19 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = random_checkpoint(args.config, args.work / f"{args.config}-random") if args.config else args.model
     kw = {"batch": [int(x) for x in args.batch.split(",")], "seq": [int(x) for x in args.seq.split(",")],
           "max_total": args.max_total, "compute_caps": args.compute_capability}
-    engines = artifacts(ckpt, args.work, args.precisions.split(","), kw)
-    if args.build_only:
-        return 0
-    rows = {} if args.no_hf else {"HF generate, eager FP16": measure_hf(ckpt, spec)}
-    rows.update(measure_engines(engines, spec))
-    baseline = "TensorRT-RTX FP16 engine" if "fp16" in engines else None
+    if args.cpu:
+        spec = GenBenchSpec(batches=(1, 4), prompt=64, new_tokens=32, ttft_prompts=(128,), repeats=3,
+                            price_per_hour=args.price_per_hour)
+        _cpu_artifacts(ckpt, args.work, args.precisions.split(","))
+        rows = measure_cpu(args.work, _name(ckpt), args.precisions.split(","), spec)
+        baseline = "ONNX Runtime CPU, FP32 graph"
+    else:
+        engines = artifacts(ckpt, args.work, args.precisions.split(","), kw)
+        if args.build_only:
+            return 0
+        rows = {} if args.no_hf else {"HF generate, eager FP16": measure_hf(ckpt, spec)}
+        rows.update(measure_engines(engines, spec))
+        baseline = "TensorRT-RTX FP16 engine" if "fp16" in engines else None
     text = table(rows, spec, baseline)
     print(text)
     (args.work / "bench_generate.json").write_text(json.dumps(rows, indent=1))
@@ -179,11 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         from trt_seer.bench.report import append_benchmark
 
         what = f"random init, {args.config} shape" if args.config else str(args.model)
+        what += ", ONNX Runtime on the CPU" if args.cpu else ""
         body = (f"Model: {what}. Decode: greedy, batch x {spec.new_tokens} new tokens after a {spec.prompt}-token "
                 f"prompt, end to end (ids in, logits back, next token chosen on the host). TTFT: one prompt "
                 f"step at batch 1, median of {spec.repeats}. Cost at ${spec.price_per_hour}/hour.\n\n{text}\n")
         append_benchmark(args.append, f"Generation speed, {what}", "python " + " ".join(sys.argv),
-                         machine_text(_gpu_name()), body)
+                         machine_text(None if args.cpu else _gpu_name()), body)
     return 0
 
 

@@ -78,11 +78,17 @@ def weight_only_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, quant
     record = None if quant.force else pipeline.up_to_date(dest, manifest.record_path(dest), key)
     if record:
         log.info("int%d ONNX up to date: %s", bits, dest)
-        return record
-    extra = quantize_and_gate(info, art, quant, spec, gate)
-    inherited = {**pipeline.inherit(fp16), **({"decoder": fp16["decoder"]} if "decoder" in fp16 else {})}
-    return pipeline.write_record(dest, {**inherited, "precision": f"int{bits}", "key": key,
-                                        "fp32_sha256": fp32["sha256"], "fp16_sha256": fp16["sha256"], **extra})
+    else:
+        extra = quantize_and_gate(info, art, quant, spec, gate)
+        inherited = {**pipeline.inherit(fp16), **({"decoder": fp16["decoder"]} if "decoder" in fp16 else {})}
+        record = pipeline.write_record(dest, {**inherited, "precision": f"int{bits}", "key": key,
+                                              "fp32_sha256": fp32["sha256"], "fp16_sha256": fp16["sha256"], **extra})
+    from trt_seer.quantize.cpu_nbits import nbits_cpu_onnx
+
+    cd = int8.load_calib_data(info, quant, ShapeProfile(tuple(quant.batch), tuple(quant.seq)))
+    keep = frozenset(record["quantization"]["fp16_gemms"])  # what the gate kept out of INT8/INT4 stays out
+    nbits_cpu_onnx(info, art, fp32, bits, gate, _teacher_rows(info, cd), keep)
+    return record
 
 
 def _teacher_rows(info: ModelInfo, cd: int8.CalibData) -> np.ndarray:
@@ -172,7 +178,7 @@ def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantStag
     if fails:
         dest.unlink(missing_ok=True)
         raise AccuracyGateError(f"INT{spec.bits} cannot pass the accuracy gate even with every layer in FP16 ("
-                                + "; ".join(fails) + ")\n" + table)
+                                + "; ".join(fails) + "); the table above has every attempt")
     return {"quantization": _quantization(model16, spec, len(targets), excluded, awq_report),
             "calibration": {"data": quant.calib or "calib/default.txt", "batches": len(cd.calib)},
             "accuracy": {"onnx_vs_fp16": metrics, "measured_on": _measured_on(fp16_path),

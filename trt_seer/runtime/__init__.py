@@ -22,14 +22,15 @@ from trt_seer.runtime.io import IOSpec
 
 __all__ = ["load", "Model", "Pending", "IOSpec", "onnx_sibling", "tensorrt_unavailable_reason"]
 BACKENDS = ("auto", "tensorrt", "onnxruntime")
-CPU_FORMS = {"fp32": "fp32", "fp16": "fp32", "int8": "int8"}  # engine precision -> its CPU artifact's
+CPU_FORMS = {"fp32": "fp32", "fp16": "fp32", "int8": "int8", "int4": "int4"}  # engine precision -> its CPU artifact's
 
 
 def onnx_sibling(engine_path: Path) -> Path:
     """The ONNX graph ONNX Runtime's CPU provider runs in an engine's place: the fast CPU form
     `build` writes beside it when there is one, else the graph the engine was built from.
 
-    `x.int8.engine` -> `x.int8.cpu.onnx` (dynamic INT8 on the fused graph), `x.fp32.engine` and
+    `x.int8.engine` -> `x.int8.cpu.onnx` (dynamic INT8 on the fused graph; a decoder's MatMulNBits
+    form, as `x.int4.engine` -> `x.int4.cpu.onnx`), `x.fp32.engine` and
     `x.fp16.engine` -> `x.fp32.cpu.onnx` (fused FP32: faster on the CPU than the FP16-typed graph,
     which runs no faster than the plain FP32 one there, and exact); else `x.<precision>.onnx`."""
     engine_path = Path(engine_path)
