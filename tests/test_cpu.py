@@ -145,3 +145,31 @@ def test_diff_plans_the_cpu_form_beside_an_engine(tmp_path):
     (tmp_path / "m.cpu.onnx").write_bytes(b"")
     with pytest.raises(InputError, match="cannot tell name and precision"):
         plan.resolve_target(tmp_path / "m.cpu.onnx")
+
+
+def test_polygraphy_onnxrt_compares_the_fused_graph_with_fp32(tiny_bert, tmp_path):
+    """`polygraphy run --onnxrt` reproduces the fused graph against the plain FP32 graph's outputs on
+    the same inputs (ORT's contrib ops included), as a user checking the CPU form would."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, art, _, _ = tiny_bert
+    loader = tmp_path / "data.py"
+    loader.write_text("import numpy as np\n"
+                      "def load_data():\n"
+                      "    rng = np.random.default_rng(0)\n"
+                      "    for _ in range(2):\n"
+                      "        ids = rng.integers(5, 120, (2, 12)).astype(np.int64)\n"
+                      "        mask = np.ones_like(ids); mask[0, 8:] = 0\n"
+                      "        yield {'input_ids': ids, 'attention_mask': mask, 'token_type_ids': np.zeros_like(ids)}\n")
+    ref = tmp_path / "ref.json"
+    polygraphy = shutil.which("polygraphy") or str(Path(sys.executable).with_name("polygraphy"))
+    run = ["--onnxrt", "--data-loader-script", str(loader)]
+    r = subprocess.run([polygraphy, "run", str(art.path("fp32.onnx")), *run, "--save-outputs", str(ref)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    r = subprocess.run([polygraphy, "run", str(art.path("fp32.cpu.onnx")), *run, "--load-outputs", str(ref),
+                        "--atol", "1e-4", "--rtol", "1e-4"], capture_output=True, text=True)
+    assert r.returncode == 0 and "PASSED" in r.stdout + r.stderr, r.stdout[-1500:] + r.stderr[-1500:]
