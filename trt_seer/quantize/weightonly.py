@@ -31,6 +31,7 @@ from trt_seer.errors import InputError
 
 OPSET = 21  # DequantizeLinear with block_size and INT4
 IR_VERSION = 10  # INT4 tensors
+INT8_OPSET, INT8_IR_VERSION = 19, 9  # per-channel INT8 with FP16 scales needs no more, as in the encoder graphs
 GEMM_OPS = ("MatMul", "Gemm")
 INT4_MIN, INT4_MAX = -8, 7
 INT8_MAX = 127
@@ -212,7 +213,7 @@ def _fold_or_mul(model, w: _Writer, x: str, inv: np.ndarray, group: list) -> str
 
 def weight_only_model(model, targets: list[Target], spec: WeightOnlySpec, awq_scales: dict | None = None):
     """Rewrites `model` (FP16-typed) in place: DQ'd INT8/INT4 weights for `targets`; `awq_scales`
-    maps an activation tensor to its s vector. Raises opset to 21, IR version to 10."""
+    maps an activation tensor to its s vector. Raises opset to 21 and IR version to 10 for INT4, to 19 and 9 for INT8."""
     w = _Writer(model)
     nodes = {n.name: n for n in model.graph.node}
     reads = {}
@@ -227,11 +228,11 @@ def weight_only_model(model, targets: list[Target], spec: WeightOnlySpec, awq_sc
         s = (awq_scales or {}).get(t.activation)
         n.input[1] = w.weight_dq(t, spec, s)
         n.input[0] = renamed.get(t.activation, n.input[0])
-    _finish(model, w)
+    _finish(model, w, (OPSET, IR_VERSION) if spec.bits == 4 else (INT8_OPSET, INT8_IR_VERSION))
     return model
 
 
-def _finish(model, w: _Writer) -> None:
+def _finish(model, w: _Writer, versions: tuple[int, int]) -> None:
     ordered = []
     for n in model.graph.node:
         ordered.extend(w.before.get(n.name, []))
@@ -244,8 +245,8 @@ def _finish(model, w: _Writer) -> None:
     model.graph.initializer.extend(keep + [t for t in w.new_inits if t.name in used])
     for op in model.opset_import:
         if op.domain in ("", "ai.onnx"):
-            op.version = max(op.version, OPSET)
-    model.ir_version = max(model.ir_version, IR_VERSION)
+            op.version = max(op.version, versions[0])
+    model.ir_version = max(model.ir_version, versions[1])
 
 
 def summary(model) -> dict:
