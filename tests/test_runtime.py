@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ from trt_seer.errors import DependencyError, InputError, ManifestMismatchError
 from trt_seer.runtime import load, onnx_sibling, tensorrt_unavailable_reason
 from trt_seer.runtime.engine import check_manifest, runtime_cache_path
 from trt_seer.runtime.io import IOSpec, specs_from_description, validate_feeds
-from trt_seer.runtime.ort import OnnxRuntimeModel
 
 OPSET = 17
 
@@ -304,35 +302,43 @@ def test_onnxruntime_close_keeps_the_session_until_the_call_inside_leaves(tiny_o
     assert not closer.is_alive() and m.session is None and m.closed
 
 
-def test_close_from_another_thread_while_threads_call(tiny_onnx):
-    """Every call either finishes with the right result before close() returns or raises
-    InputError; none sees a half-closed model."""
-    m = load(tiny_onnx, threads=1)
-    feeds = token_feeds(4, 256, seed=3)
-    want = (feeds["input_ids"] * feeds["attention_mask"]).sum(1)
+def close_while_threads_call(m, call, threads: int, before_close: int, join_s: float) -> tuple[list, list]:
+    """`threads` threads call `call()` (True: a right result) until `m` is closed from this thread
+    after `before_close` results; returns (finished, refused). Any error other than the refusal
+    of a closed model fails here."""
     finished, refused, errors = [], [], []
 
     def worker():
         while True:
             try:
-                got = m.infer(feeds, outputs=["pooled"])["pooled"]
+                finished.append(call())
             except InputError as e:
                 refused.append(str(e))
                 return
             except Exception as e:  # collected and asserted below
                 errors.append(e)
                 return
-            finished.append(bool(np.allclose(got, want)))
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
+    running = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in running:
         t.start()
-    while len(finished) < 20:
+    while len(finished) < before_close:
         time.sleep(0.001)
     m.close()
-    for t in threads:
-        t.join(timeout=60)
+    for t in running:
+        t.join(timeout=join_s)
     assert not errors, errors
+    return finished, refused
+
+
+def test_close_from_another_thread_while_threads_call(tiny_onnx):
+    """Every call either finishes with the right result before close() returns or raises
+    InputError; none sees a half-closed model."""
+    m = load(tiny_onnx, threads=1)
+    feeds = token_feeds(4, 256, seed=3)
+    want = (feeds["input_ids"] * feeds["attention_mask"]).sum(1)
+    finished, refused = close_while_threads_call(
+        m, lambda: bool(np.allclose(m.infer(feeds, outputs=["pooled"])["pooled"], want)), 4, 20, 60)
     assert len(refused) == 4 and all("is closed" in r for r in refused)
     assert all(finished)
     assert m.session is None

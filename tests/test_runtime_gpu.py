@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+from test_runtime import close_while_threads_call
 
 from trt_seer.engine import manifest
 from trt_seer.engine import trt
@@ -367,29 +368,9 @@ def test_close_while_threads_call_the_engine(engines):
     feeds = feeds_for(ckpt, 8, 32, seed=40)
     m = load(out / "tinybert.fp32.engine", backend="tensorrt", contexts=2)
     want = m.infer(feeds)["sentence_embedding"]
-    finished, refused, errors = [], [], []
-
-    def worker():
-        while True:
-            try:
-                got = m.infer(feeds, outputs=["sentence_embedding"])["sentence_embedding"]
-            except InputError as e:
-                refused.append(str(e))
-                return
-            except Exception as e:  # collected and asserted below
-                errors.append(e)
-                return
-            finished.append(bool(np.array_equal(got, want)))
-
-    threads = [threading.Thread(target=worker) for _ in range(5)]
-    for t in threads:
-        t.start()
-    while len(finished) < 50:
-        threading.Event().wait(0.001)
-    m.close()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
+    finished, refused = close_while_threads_call(
+        m, lambda: bool(np.array_equal(m.infer(feeds, outputs=["sentence_embedding"])["sentence_embedding"], want)),
+        5, 50, 120)
     assert len(refused) == 5 and all(finished)
     with pytest.raises(InputError, match="is closed"):
         m.infer_async(feeds)
