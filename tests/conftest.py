@@ -23,3 +23,15 @@ def tiny_checkpoint(tmp_path):
         return make_tiny_checkpoint(model_type, task, dest, seed=seed, **overrides)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models run several times faster on one thread than on two busy cores; a module that
+    trains them asks for this with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

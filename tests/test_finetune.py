@@ -80,15 +80,7 @@ def spec(tmp: Path, model: Path, out: str = "out", **kw) -> FinetuneSpec:
     return FinetuneSpec(out=tmp / out, model=model, device="cpu", **{"lr": 3e-3, "batch": 8, **kw})
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run several times faster on one thread than on two busy cores."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -22,14 +22,7 @@ needs_trt = pytest.mark.skipif(not trt.available(), reason="no TensorRT / Tensor
 PROFILE = ["--batch", "1,4,4", "--seq", "8,12,16"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def finetune_args(tmp, out, *extra):
