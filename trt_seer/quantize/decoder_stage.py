@@ -76,16 +76,16 @@ def weight_only_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, quant
     gate = DecoderGate.for_bits(bits, quant.max_ppl_increase, quant.min_agreement)
     dest, key = art.path(f"int{bits}.onnx"), _key(fp16, quant, spec, gate)
     record = None if quant.force else pipeline.up_to_date(dest, manifest.record_path(dest), key)
+    cd = int8.load_calib_data(info, quant, ShapeProfile(tuple(quant.batch), tuple(quant.seq)))
     if record:
         log.info("int%d ONNX up to date: %s", bits, dest)
     else:
-        extra = quantize_and_gate(info, art, quant, spec, gate)
+        extra = quantize_and_gate(info, art, quant, spec, gate, cd)
         inherited = {**pipeline.inherit(fp16), **({"decoder": fp16["decoder"]} if "decoder" in fp16 else {})}
         record = pipeline.write_record(dest, {**inherited, "precision": f"int{bits}", "key": key,
                                               "fp32_sha256": fp32["sha256"], "fp16_sha256": fp16["sha256"], **extra})
     from trt_seer.quantize.cpu_nbits import nbits_cpu_onnx
 
-    cd = int8.load_calib_data(info, quant, ShapeProfile(tuple(quant.batch), tuple(quant.seq)))
     keep = frozenset(record["quantization"]["fp16_gemms"])  # what the gate kept out of INT8/INT4 stays out
     nbits_cpu_onnx(info, art, fp32, bits, gate, _teacher_rows(info, cd), keep)
     return record
@@ -151,14 +151,14 @@ def _write(fp16_path: Path, dest: Path, spec: WeightOnlySpec, scales: dict, excl
     return len(targets)
 
 
-def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantStageSpec, spec: WeightOnlySpec, gate: DecoderGate) -> dict:
+def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantStageSpec, spec: WeightOnlySpec,
+                      gate: DecoderGate, cd: int8.CalibData) -> dict:
     """Writes `<name>.int{bits}.onnx` with the fewest GEMMs in FP16 that pass `gate`; returns the
     record's quantization, calibration and accuracy sections. AccuracyGateError (exit 1) if none does."""
     from trt_seer.eval import teacher
     from trt_seer.quantize import weightonly
 
     fp32_path, fp16_path, dest = art.path("fp32.onnx"), art.path("fp16.onnx"), art.path(f"int{spec.bits}.onnx")
-    cd = int8.load_calib_data(info, quant, ShapeProfile(tuple(quant.batch), tuple(quant.seq)))
     model16 = onnxio.load(fp16_path)
     targets = weightonly.find_targets(model16, spec)
     scales, awq_report = {}, None
