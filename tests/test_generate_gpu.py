@@ -35,33 +35,43 @@ def engines(tmp_path_factory):
     return ckpt, out
 
 
-def _steps(step, ids: np.ndarray, n: int) -> list[np.ndarray]:
-    """Prefill `ids` then `n` greedy decode steps; the logits of every step."""
+def _steps(step, ids: np.ndarray, n: int, pad: int = 0, tokens: list | None = None) -> tuple[list, list]:
+    """Prefill `ids` (row 0 left-padded by `pad` positions) then `n` decode steps; returns the
+    logits of every step and the tokens fed. The tokens are the step's own greedy choice, or
+    `tokens` (another backend's choice) so that two backends see the same sequence: once a near
+    tie flips one greedy token the sequences differ and their logits are not comparable."""
     b, s = ids.shape
     mask = np.ones((b, s), np.int64)
+    mask[0, :pad] = 0
+    positions = np.clip(np.cumsum(mask, 1) - 1, 0, None)
     step.reset(b)
-    logits = [step.step(ids, mask, np.broadcast_to(np.arange(s), (b, s)).copy())]
+    logits, fed = [step.step(ids, mask, positions)], []
     for t in range(n):
-        token = logits[-1].argmax(-1)[:, None].astype(np.int64)
-        mask = np.ones((b, s + t + 1), np.int64)
-        logits.append(step.step(token, mask, np.full((b, 1), s + t, np.int64)))
-    return logits
+        token = logits[-1].argmax(-1)[:, None].astype(np.int64) if tokens is None else tokens[t]
+        fed.append(token)
+        mask = np.concatenate([mask, np.ones((b, 1), np.int64)], 1)
+        positions = positions[:, -1:] + 1
+        logits.append(step.step(token, mask, positions))
+    return logits, fed
 
 
+@pytest.mark.parametrize("cache", ["window", "grow"])
 @pytest.mark.parametrize("precision", ["fp16", "int8", "int4"])
-def test_engine_steps_match_onnx_runtime(engines, precision):
+def test_engine_steps_match_onnx_runtime(engines, precision, cache):
     from trt_seer.runtime.decoder_ort import OrtDecoderStep
     from trt_seer.runtime.decoder_trt import TensorRTDecoder
 
     _, out = engines
     ids = np.random.default_rng(0).integers(3, 120, (3, 9)).astype(np.int64)
-    with TensorRTDecoder(out / f"llama.{precision}.engine") as dec:
-        got = _steps(dec, ids, 10)
+    want, tokens = _steps(OrtDecoderStep(out / f"llama.{precision}.onnx"), ids, 10, pad=4)
+    want_again, tokens_again = _steps(OrtDecoderStep(out / f"llama.{precision}.onnx"), ids[:2, :5], 3)
+    with TensorRTDecoder(out / f"llama.{precision}.engine", cache=cache) as dec:
+        got, _ = _steps(dec, ids, 10, pad=4, tokens=tokens)
         assert dec.kv_cache_bytes > 0
-    want = _steps(OrtDecoderStep(out / f"llama.{precision}.onnx"), ids, 10)
-    # The same quantized graph on two backends: TensorRT accumulates in FP16 where ONNX Runtime's
-    # CPU kernels use FP32, so logits differ by a few percent of their spread, not more.
-    for i, (g, w) in enumerate(zip(got, want)):
+        again, _ = _steps(dec, ids[:2, :5], 3, tokens=tokens_again)  # a second batch on the same decoder
+    # The same graph on two backends, fed the same tokens: TensorRT accumulates in FP16 where
+    # ONNX Runtime's CPU kernels use FP32, so logits differ by a few percent of their spread.
+    for i, (g, w) in enumerate(zip(got + again, want + want_again)):
         rel = np.sqrt(np.mean((g - w) ** 2) / np.mean((w - w.mean(-1, keepdims=True)) ** 2))
         assert rel <= 0.1, f"step {i}: relative RMS difference {rel:.3f}"
         assert (g.argmax(-1) == w.argmax(-1)).mean() >= 2 / 3, f"step {i}"

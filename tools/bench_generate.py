@@ -122,20 +122,23 @@ def _cpu_artifacts(ckpt: Path, work: Path, precisions: list[str]) -> None:
             _weight_only(art, fp16, p)
 
 
-def measure_engines(engines: dict[str, Path], spec) -> dict[str, dict]:
+def measure_engines(engines: dict[str, Path], spec, variants: list[str]) -> dict[str, dict]:
+    """One row per engine and runtime variant ("cache:specialization", the first is the default)."""
     from trt_seer.bench.generate import measure_step
     from trt_seer.runtime import cuda
     from trt_seer.runtime.decoder_trt import TensorRTDecoder
 
     rows = {}
     for precision, path in engines.items():
-        cuda.set_device(0)
-        free_before = cuda.mem_info()[0]
-        with TensorRTDecoder(path) as dec:
-            used = free_before - cuda.mem_info()[0]
-            rows[f"TensorRT-RTX {precision.upper()} engine"] = {**measure_step(dec, dec.vocab, spec),
-                                                                 "memory_bytes": used}
-        print(json.dumps(rows[f"TensorRT-RTX {precision.upper()} engine"]), flush=True)
+        for i, variant in enumerate(variants):
+            cache, specialize = variant.split(":")
+            label = f"TensorRT-RTX {precision.upper()} engine" + ("" if i == 0 else f" ({cache} cache, {specialize})")
+            cuda.set_device(0)
+            free_before = cuda.mem_info()[0]
+            with TensorRTDecoder(path, cache=cache, specialize=specialize) as dec:
+                used = free_before - cuda.mem_info()[0]
+                rows[label] = {**measure_step(dec, dec.vocab, spec), "memory_bytes": used}
+            print(label, json.dumps(rows[label]), flush=True)
     return rows
 
 
@@ -207,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", default="1,128,1024", help="prompt lengths of the engines' profile")
     ap.add_argument("--max-total", type=int, default=1280)
     ap.add_argument("--compute-capability", action="append", default=[])
+    ap.add_argument("--variants", default="window:none,grow:none",
+                    help="runtime variants per engine, cache:specialization (window|grow : none|lazy|eager); "
+                         "the first one is the engine's row")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--build-only", action="store_true", help="make the artifacts and engines, measure nothing")
     ap.add_argument("--cpu", action="store_true",
@@ -233,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.build_only:
             return 0
         rows = {} if args.no_hf else {"HF generate, eager FP16": measure_hf(ckpt, spec)}
-        rows.update(measure_engines(engines, spec))
+        rows.update(measure_engines(engines, spec, args.variants.split(",")))
         baseline = "TensorRT-RTX FP16 engine" if "fp16" in engines else None
     text = table(rows, spec, baseline)
     print(text)

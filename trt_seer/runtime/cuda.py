@@ -135,6 +135,21 @@ def copy_async(dst: int, src: int, nbytes: int, kind: str, stream: "Stream | int
                   f"cudaMemcpyAsync({kind}, {nbytes} bytes)")
 
 
+def copy2d_async(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int, kind: str,
+                 stream: "Stream | int") -> None:
+    """cudaMemcpy2DAsync: `height` rows of `width` bytes, rows `src_pitch` / `dst_pitch` bytes apart."""
+    if width and height:
+        cuda_call(cudart().cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, _memcpy_kind(kind),
+                                             stream_handle(stream)),
+                  f"cudaMemcpy2DAsync({kind}, {height} rows of {width} bytes)")
+
+
+def memset_async(ptr: int, value: int, nbytes: int, stream: "Stream | int") -> None:
+    """cudaMemsetAsync: `nbytes` bytes at `ptr` set to `value`."""
+    if nbytes:
+        cuda_call(cudart().cudaMemsetAsync(ptr, value, nbytes, stream_handle(stream)), f"cudaMemsetAsync({nbytes} bytes)")
+
+
 def stream_handle(stream):
     """The CUDA handle of a `Stream`, a torch stream (`.cuda_stream`), a cupy stream (`.ptr`),
     or a raw handle (int or cudaStream_t) as given."""

@@ -5,12 +5,21 @@
         dec.reset(batch=2)
         logits = dec.step(input_ids, attention_mask, position_ids)   # numpy in, [batch, vocab] out
 
-The KV cache never leaves the GPU. Each layer's key and value live in two device buffers sized for
-the engine's largest batch and total length; a step reads the cache from one (`past_key_values.*`)
-and the engine writes the grown cache into the other (`present.*`), so the roles swap every step
-and nothing is copied by the host. Only the step's token ids, mask and positions go up, and only
+The KV cache never leaves the GPU; only the step's token ids, mask and positions go up, and only
 the last position's logits come back. The engine has two optimization profiles (engine/profiles.py):
 `decode` (one token per row) and `prefill` (the prompt on an empty cache), one execution context each.
+
+Two cache layouts (`cache=`):
+- "window" (default): every decode step has the same shapes and addresses. The cache is a window of
+  `max_total - 1` positions per layer; the prompt's keys and values land at its end and the
+  attention mask marks the empty slots. The engine appends the new token (a window + 1 present);
+  one 2-D device copy for all layers drops the oldest slot, so the next step reads the window at the
+  same address again. With fixed shapes and addresses the runtime replays a CUDA graph of the step
+  (TensorRT-RTX captures it once per batch size) instead of enqueueing every kernel from the host.
+  Each step attends over the whole window: `--max-total` sets that cost.
+- "grow": the cache is as long as the sequence so far; two buffers per layer swap roles every step
+  (the engine reads one and writes the grown cache into the other). Every step is a new shape, so
+  nothing can be replayed: each kernel is launched from the host.
 """
 from __future__ import annotations
 
@@ -26,6 +35,7 @@ from trt_seer.runtime.engine import EngineOptions, check_manifest, deserialize, 
 
 SMALL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 SPECIALIZE = ("none", "lazy", "eager")
+CACHES = ("window", "grow")
 
 
 def _nbytes(shape, dtype) -> int:
@@ -37,13 +47,16 @@ class TensorRTDecoder:
 
     backend = "tensorrt"
 
-    def __init__(self, path: str | Path, options: EngineOptions = EngineOptions(), specialize: str = "none"):
+    def __init__(self, path: str | Path, options: EngineOptions = EngineOptions(), specialize: str = "none",
+                 cache: str = "window"):
         """`specialize`: TensorRT-RTX's dynamic-shape kernel specialization ("lazy", "eager" or
-        "none"). The cache grows by one position per step, so every decode step is a new shape:
-        "lazy" keeps compiling kernels in the background for shapes seen once, hence "none"."""
+        "none"). `cache`: "window" or "grow" (module docstring). CUDA graphs for the decode step
+        are on with the window unless `options.use_cuda_graph` is False."""
         if specialize not in SPECIALIZE:
             raise InputError(f"specialize must be one of {', '.join(SPECIALIZE)}, got {specialize!r}")
-        self.path, self.options, self.specialize = Path(path), options, specialize
+        if cache not in CACHES:
+            raise InputError(f"cache must be one of {', '.join(CACHES)}, got {cache!r}")
+        self.path, self.options, self.specialize, self.cache = Path(path), options, specialize, cache
         if not self.path.is_file():
             raise InputError(f"engine not found: {self.path}")
         self.manifest = manifest_io.read_engine_manifest(manifest_io.engine_manifest_path(self.path))
@@ -87,7 +100,9 @@ class TensorRTDecoder:
 
     def _context(self, profile: int):
         config = self.engine.create_runtime_config() if hasattr(self.engine, "create_runtime_config") else None
-        if config is not None and self.options.use_cuda_graph and hasattr(config, "cuda_graph_strategy"):
+        graphs = self.options.use_cuda_graph if self.options.use_cuda_graph is not None else self.cache == "window"
+        if config is not None and graphs and profile == 0 and hasattr(config, "cuda_graph_strategy"):
+            # the decode step only: a prompt's shape is new almost every time
             config.cuda_graph_strategy = self.flavor.trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
         strategy = getattr(self.flavor.trt, "DynamicShapesKernelSpecializationStrategy", None)
         if config is not None and strategy is not None:
@@ -101,13 +116,22 @@ class TensorRTDecoder:
         return ctx
 
     def _alloc(self) -> None:
-        b, t = self.max_batch, self.max_total
-        kv_bytes = _nbytes((b, self.kv_heads, t, self.head_dim), self.kv_dtype)
-        self._kv = [[cuda.DeviceBuffer(kv_bytes) for _ in self.past_names] for _ in range(2)]
+        b, t, layers = self.max_batch, self.max_total, len(self.past_names)
+        self.window = t - 1  # cache positions a decode step reads in the "window" layout
+        self._row = self.head_dim * self.kv_dtype.itemsize  # bytes of one position of one head
+        if self.cache == "window":  # [layer][batch][head][window][dim], read by the step; its output
+            self._kv = [cuda.DeviceBuffer(layers * b * self.kv_heads * n * self._row) for n in (t - 1, t)]
+        else:  # two [batch][head][total][dim] buffers per layer, swapping roles every step
+            kv_bytes = _nbytes((b, self.kv_heads, t, self.head_dim), self.kv_dtype)
+            self._kv = [[cuda.DeviceBuffer(kv_bytes) for _ in self.past_names] for _ in range(2)]
         self._small = {n: cuda.HostDeviceBuffer(_nbytes((b, t), np.int64)) for n in SMALL_INPUTS}
         self._logits = cuda.HostDeviceBuffer(_nbytes((b, 1, self.vocab), self.logits_dtype))
         self._cur = 0
-        self.kv_cache_bytes = 2 * kv_bytes * len(self.past_names)
+        self._bound = None  # (context, batch) whose decode shapes and addresses are set
+        self.kv_cache_bytes = sum(buf.nbytes for buf in self._buffers())
+
+    def _buffers(self) -> list:
+        return list(self._kv) if self.cache == "window" else [*self._kv[0], *self._kv[1]]
 
     # --- running -----------------------------------------------------------------------------
 
@@ -116,27 +140,37 @@ class TensorRTDecoder:
         if not 1 <= batch <= self.max_batch:
             raise InputError(f"batch {batch} is outside the engine's profile (1..{self.max_batch})")
         self.batch, self.past, self._cur = int(batch), 0, 0
+        if self.cache == "window":  # empty slots are masked, but must hold numbers, not NaN
+            rows = len(self.past_names) * self.batch * self.kv_heads
+            cuda.memset_async(self._kv[0].device_ptr, 0, rows * self.window * self._row, self.stream)
 
     def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
         """Runs the new tokens on the cache; returns the last position's logits [batch, vocab] (float32)."""
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         seq = self._check(feeds)
-        ctx = self._contexts[0 if (seq == 1 and self.past > 0) or len(self._contexts) == 1 else 1]
+        decode = seq == 1 and self.past > 0
+        ctx = self._contexts[0 if decode or len(self._contexts) == 1 else 1]
         stream = self.stream.handle
+        if self.cache == "window" and decode:
+            window_mask = np.zeros((self.batch, self.window + 1), np.int64)
+            window_mask[:, -attention_mask.shape[1]:] = attention_mask
+            feeds["attention_mask"] = window_mask
+        rebind = not (self.cache == "window" and decode and self._bound == (id(ctx), self.batch))
         for name, value in feeds.items():
             buf = self._small[name]
             np.copyto(buf.host_view(value.shape, np.int64), value, casting="same_kind")
             buf.h2d_async(stream, value.nbytes)
-            self._bind(ctx, name, value.shape, buf.device_ptr)
-        kv_shape = (self.batch, self.kv_heads, self.past, self.head_dim)
-        for i, (past, present) in enumerate(zip(self.past_names, self.present_names)):
-            self._bind(ctx, past, kv_shape, self._kv[self._cur][i].device_ptr)
-            ctx.set_tensor_address(present, self._kv[1 - self._cur][i].device_ptr)
-        ctx.set_tensor_address("logits", self._logits.device_ptr)
+            if rebind:
+                self._bind(ctx, name, value.shape, buf.device_ptr)
+        if rebind:
+            self._bind_cache(ctx, seq, decode)
+            ctx.set_tensor_address("logits", self._logits.device_ptr)
         self._start.record(stream)
         if not ctx.execute_async_v3(int(stream)):
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
             raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
+        if self.cache == "window":
+            self._slide(seq, decode)
         self._end.record(stream)
         self._logits.d2h_async(stream, _nbytes((self.batch, 1, self.vocab), self.logits_dtype))
         self.stream.synchronize()
@@ -144,6 +178,36 @@ class TensorRTDecoder:
         self._cur, self.past = 1 - self._cur, self.past + seq
         logits = self._logits.host_view((self.batch, self.vocab), self.logits_dtype)
         return logits.astype(np.float32, copy=True)
+
+    def _bind_cache(self, ctx, seq: int, decode: bool) -> None:
+        """Shapes and addresses of the cache inputs and outputs for this step."""
+        if self.cache == "grow":
+            kv_shape = (self.batch, self.kv_heads, self.past, self.head_dim)
+            for i, (past, present) in enumerate(zip(self.past_names, self.present_names)):
+                self._bind(ctx, past, kv_shape, self._kv[self._cur][i].device_ptr)
+                ctx.set_tensor_address(present, self._kv[1 - self._cur][i].device_ptr)
+            return
+        past_len = self.window if decode else 0
+        present_len = past_len + seq
+        per_head = self.batch * self.kv_heads
+        for i, (past, present) in enumerate(zip(self.past_names, self.present_names)):
+            self._bind(ctx, past, (self.batch, self.kv_heads, past_len, self.head_dim),
+                       self._kv[0].device_ptr + i * per_head * past_len * self._row)
+            ctx.set_tensor_address(present, self._kv[1].device_ptr + i * per_head * present_len * self._row)
+        self._bound = (id(ctx), self.batch) if decode else None
+
+    def _slide(self, seq: int, decode: bool) -> None:
+        """Window layout: the step's output (prompt, or window + the new token) back into the window,
+        right-aligned; one 2-D copy covers every layer, batch row and head."""
+        rows = len(self.past_names) * self.batch * self.kv_heads
+        window = self.window * self._row
+        if decode:  # drop the oldest slot
+            cuda.copy2d_async(self._kv[0].device_ptr, window, self._kv[1].device_ptr + self._row, window + self._row,
+                              window, rows, "DeviceToDevice", self.stream)
+        else:  # the prompt goes to the end of the zeroed window
+            width = seq * self._row
+            cuda.copy2d_async(self._kv[0].device_ptr + window - width, window, self._kv[1].device_ptr, width,
+                              width, rows, "DeviceToDevice", self.stream)
 
     def _bind(self, ctx, name: str, shape, address: int) -> None:
         if not ctx.set_input_shape(name, tuple(int(d) for d in shape)):
@@ -166,6 +230,9 @@ class TensorRTDecoder:
         if self.past + seq > self.max_total:
             raise InputError(f"sequence of {self.past + seq} tokens exceeds the engine's max total "
                              f"({self.max_total}); rebuild with a larger --max-total")
+        if self.cache == "window" and self.past == 0 and seq > self.window:
+            raise InputError(f"prompt of {seq} tokens leaves no room to generate in the engine's max total "
+                             f"({self.max_total}); rebuild with a larger --max-total")
         if self.past > 0 and seq != 1 and len(self._contexts) > 1:
             raise UnsupportedError("after the prompt, a decoder engine takes one token per row per step")
         return seq
@@ -177,7 +244,7 @@ class TensorRTDecoder:
             return
         self.stream.synchronize()
         self.closed = True
-        for buf in (*self._kv[0], *self._kv[1], *self._small.values(), self._logits):
+        for buf in (*self._buffers(), *self._small.values(), self._logits):
             buf.close()
         self._contexts, self.engine, self._runtime = [], None, None
         for owned in (self._start, self._end, self.stream):
