@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", default="1,128,1024", help="prompt lengths of the engines' profile")
     ap.add_argument("--max-total", type=int, default=1280)
     ap.add_argument("--compute-capability", action="append", default=[])
-    ap.add_argument("--variants", default="window:none,grow:none",
+    ap.add_argument("--variants", default="window:eager,window:none,grow:none",
                     help="runtime variants per engine, cache:specialization (window|grow : none|lazy|eager); "
                          "the first one is the engine's row")
     ap.add_argument("--no-hf", action="store_true")
