@@ -71,10 +71,13 @@ def test_engine_steps_match_onnx_runtime(engines, precision, cache):
         again, _ = _steps(dec, ids[:2, :5], 3, tokens=tokens_again)  # a second batch on the same decoder
     # The same graph on two backends, fed the same tokens: TensorRT accumulates in FP16 where
     # ONNX Runtime's CPU kernels use FP32, so logits differ by a few percent of their spread.
+    agree = []
     for i, (g, w) in enumerate(zip(got + again, want + want_again)):
         rel = np.sqrt(np.mean((g - w) ** 2) / np.mean((w - w.mean(-1, keepdims=True)) ** 2))
         assert rel <= 0.1, f"step {i}: relative RMS difference {rel:.3f}"
-        assert (g.argmax(-1) == w.argmax(-1)).mean() >= 2 / 3, f"step {i}"
+        agree += list(g.argmax(-1) == w.argmax(-1))
+    # a random tiny model has near ties, so one flipped top-1 in a step of 2 rows is no failure
+    assert np.mean(agree) >= 0.8, f"top-1 agreement {np.mean(agree):.2f} over {len(agree)} positions"
 
 
 def test_generate_on_the_engine_agrees_with_hugging_face(engines, capsys):

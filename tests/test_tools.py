@@ -105,3 +105,13 @@ def test_every_tool_that_appends_goes_through_the_one_writer():
         assert not re.search(r"open\([^)]*[\"']a[\"']", source), f"{tool.name} appends with open(..., 'a')"
         if "--append" in source or "BENCHMARKS" in source:
             assert any(w in source for w in WRITERS), f"{tool.name} writes BENCHMARKS.md some other way"
+
+
+def test_finetune_bench_repeats_report_the_median_run_and_its_spread():
+    bench_finetune = load_tool("bench_finetune")
+    runs = [{"model": "m", "precision": "fp16", "batch": 8, "samples_per_s": r, "tokens_per_s": r * 10,
+             "peak_memory_gib": 1.0, "eval_accuracy": 0.5, "skipped_steps": 0} for r in (30.0, 10.0, 20.0)]
+    row = bench_finetune.combine(runs)
+    assert row["samples_per_s"] == 20.0 and row["spread"] == (10.0, 30.0)
+    assert "20.0 (10-30, 3 runs)" in bench_finetune.table([row])
+    assert bench_finetune.combine([{"model": "m", "error": "out of memory"}])["error"] == "out of memory"

@@ -57,6 +57,8 @@ def parse_args(argv=None):
     p.add_argument("--max-seq", type=int, default=128, help="token limit (default: 128)")
     p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default: 1e-4)")
     p.add_argument("--compile", action="store_true", help="torch.compile every run")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs per case; the table shows the median samples/s and the min-max spread (default: 1)")
     p.add_argument("--default-model", metavar="DIR", default=None,
                    help="checkpoint to use as 'default' (default: the embedded all-MiniLM-L6-v2)")
     p.add_argument("--append", action=argparse.BooleanOptionalAction, default=None,
@@ -226,7 +228,10 @@ def table(rows: list[dict]) -> str:
             continue
         ref = base.get((r["model"], r["batch"]))
         speedup = f"{r['samples_per_s'] / ref:.2f}x" if ref else "-"
-        lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {r['samples_per_s']:.1f} | "
+        rate = f"{r['samples_per_s']:.1f}"
+        if len(r.get("runs_samples_per_s", [])) > 1:
+            rate += f" ({r['spread'][0]:.0f}-{r['spread'][1]:.0f}, {len(r['runs_samples_per_s'])} runs)"
+        lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {rate} | "
                      f"{r['tokens_per_s']:.0f} | {speedup} | {r['peak_memory_gib']:.2f} | "
                      f"{r['eval_accuracy']:.3f} | {r['skipped_steps']} |")
     return "\n".join(lines)
@@ -270,7 +275,7 @@ def speed_intro(rows: list[dict], args) -> tuple[str, str]:
     timed = [r for r in rows if "mean_tokens" in r]
     mean_tokens = sum(r["mean_tokens"] for r in timed) / max(1, len(timed))
     return ("Fine-tuning throughput by precision",
-            f"Each row is one short run: {args.steps} optimizer steps, samples/s "
+            f"Each row is {'the median of ' + str(args.repeats) + ' short runs (min-max in brackets, run round-robin)' if args.repeats > 1 else 'one short run'}: {args.steps} optimizer steps, samples/s "
             f"over the last {args.steps - args.warmup_steps - 1}; about {mean_tokens:.0f} tokens per example "
             f"(max {args.max_seq}); fused AdamW on CUDA; torch.compile {'on' if args.compile else 'off'}. "
             f"Peak memory is torch.cuda.max_memory_allocated (peak RSS on CPU). Eval accuracy is after "
@@ -298,15 +303,27 @@ def append_report(title: str, intro: str, text: str, rows: list[dict], tool: str
 
 
 def speed_rows(args, precisions: list[str], work: Path) -> list[dict]:
-    rows = []
+    """One row per case; with --repeats the cases run round-robin (repeat 1 of every case, then
+    repeat 2, ...) so a drift of the machine spreads over all cases, and each row keeps every run."""
     models = model_dirs(args.models, work, args.default_model)
     data = write_data(work, args.steps * max(args.batches) + max(args.batches))
-    for name, path in models.items():
-        for batch in args.batches:
-            for precision in precisions:
-                rows.append(run_case(Case(name, precision, batch), path, data, work, args))
-                print(json.dumps({k: v for k, v in rows[-1].items() if k != "hardware"}), flush=True)
-    return rows
+    cases = [(Case(name, precision, batch), path) for name, path in models.items()
+             for batch in args.batches for precision in precisions]
+    runs = {case: [] for case, _ in cases}
+    for _ in range(max(1, args.repeats)):
+        for case, path in cases:
+            runs[case].append(run_case(case, path, data, work, args))
+            print(json.dumps({k: v for k, v in runs[case][-1].items() if k != "hardware"}), flush=True)
+    return [combine(r) for r in runs.values()]
+
+
+def combine(runs: list[dict]) -> dict:
+    """The median run of a case (by samples/s), with every run's samples/s and the spread."""
+    ok = sorted((r for r in runs if "error" not in r), key=lambda r: r["samples_per_s"])
+    if not ok:
+        return runs[0]
+    rates = [r["samples_per_s"] for r in ok]
+    return {**ok[(len(ok) - 1) // 2], "runs_samples_per_s": rates, "spread": (rates[0], rates[-1])}
 
 
 def accuracy_rows(args, precisions: list[str], work: Path) -> list[dict]:
