@@ -24,6 +24,7 @@ Two cache layouts (`cache=`):
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,6 +41,36 @@ CACHES = ("window", "grow")
 
 def _nbytes(shape, dtype) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+class Copy2D(NamedTuple):
+    """One cudaMemcpy2D: `height` rows of `width` bytes; offsets from the buffers' starts."""
+
+    dst_offset: int
+    dst_pitch: int
+    src_offset: int
+    src_pitch: int
+    width: int
+    height: int
+
+
+def slide_copy(decode: bool, rows: int, window: int, row_bytes: int, seq: int) -> Copy2D:
+    """The copy from the step's `present` output back into the window: `rows` = layers x batch x
+    heads, each `window` positions of `row_bytes` in the window. After a decode step `present` has
+    window + 1 positions per row and the oldest is dropped; after a prompt it has `seq` positions,
+    which go to the end of the (zeroed) window."""
+    w = window * row_bytes
+    if decode:
+        return Copy2D(0, w, row_bytes, w + row_bytes, w, rows)
+    width = seq * row_bytes
+    return Copy2D(w - width, w, 0, width, width, rows)
+
+
+def window_mask(mask: np.ndarray, window: int) -> np.ndarray:
+    """A decode step's [batch, past + 1] mask right-aligned in [batch, window + 1], 0 elsewhere."""
+    out = np.zeros((mask.shape[0], window + 1), np.int64)
+    out[:, window + 1 - mask.shape[1]:] = mask
+    return out
 
 
 class TensorRTDecoder:
@@ -158,9 +189,7 @@ class TensorRTDecoder:
         ctx = self._contexts[0 if decode or len(self._contexts) == 1 else 1]
         stream = self.stream.handle
         if self.cache == "window" and decode:
-            window_mask = np.zeros((self.batch, self.window + 1), np.int64)
-            window_mask[:, -attention_mask.shape[1]:] = attention_mask
-            feeds["attention_mask"] = window_mask
+            feeds["attention_mask"] = window_mask(attention_mask, self.window)
         rebind = not (self.cache == "window" and decode and self._bound == (id(ctx), self.batch))
         for name, value in feeds.items():
             buf = self._small[name]
@@ -203,17 +232,10 @@ class TensorRTDecoder:
         self._bound = (id(ctx), self.batch) if decode else None
 
     def _slide(self, seq: int, decode: bool) -> None:
-        """Window layout: the step's output (prompt, or window + the new token) back into the window,
-        right-aligned; one 2-D copy covers every layer, batch row and head."""
-        rows = len(self.past_names) * self.batch * self.kv_heads
-        window = self.window * self._row
-        if decode:  # drop the oldest slot
-            cuda.copy2d_async(self._kv[0].device_ptr, window, self._kv[1].device_ptr + self._row, window + self._row,
-                              window, rows, "DeviceToDevice", self.stream)
-        else:  # the prompt goes to the end of the zeroed window
-            width = seq * self._row
-            cuda.copy2d_async(self._kv[0].device_ptr + window - width, window, self._kv[1].device_ptr, width,
-                              width, rows, "DeviceToDevice", self.stream)
+        """Window layout: the step's output back into the window (module docstring)."""
+        c = slide_copy(decode, len(self.past_names) * self.batch * self.kv_heads, self.window, self._row, seq)
+        cuda.copy2d_async(self._kv[0].device_ptr + c.dst_offset, c.dst_pitch, self._kv[1].device_ptr + c.src_offset,
+                          c.src_pitch, c.width, c.height, "DeviceToDevice", self.stream)
 
     def _bind(self, ctx, name: str, shape, address: int) -> None:
         if not ctx.set_input_shape(name, tuple(int(d) for d in shape)):
