@@ -289,3 +289,12 @@ def test_cpu_forms_use_matmulnbits_and_stand_in_for_the_engines(built):
         ids = np.array([[5, 6, 7], [8, 9, 10]], dtype=np.int64)
         logits = step.step(ids, np.ones_like(ids), np.broadcast_to(np.arange(3), (2, 3)).copy())
         assert logits.shape == (2, VOCAB) and np.isfinite(logits).all()
+
+
+def test_build_says_what_weight_only_engines_buy(built):
+    out, r = built[0], built[3]
+    size = {p: manifest.read_engine_manifest(out / f"llama.{p}.manifest.json")["engine"]["size_bytes"]
+            for p in ("fp16", "int8", "int4")}
+    line = next(x for x in r.stderr.splitlines() if "engine size vs FP16" in x)
+    assert f"INT8 {size['int8'] / size['fp16']:.2f}x" in line and f"INT4 {size['int4'] / size['fp16']:.2f}x" in line
+    assert "decoded no faster than the FP16 engine" in r.stderr  # TensorRT-RTX is the flavor tests install

@@ -115,7 +115,26 @@ def run(args) -> int:
         _report(art, spec.precision, manifest_data, rebuilt)
     if "int8" in precisions(args) and info.task != "causal-lm":
         _int8_benefit(art)
+    if info.task == "causal-lm" and {"int8", "int4"} & set(precisions(args)):
+        _weight_only_benefit(art, [p for p in precisions(args) if p in ("int8", "int4")], flavor.name)
     return 0
+
+
+def _weight_only_benefit(art, chosen: list[str], flavor: str) -> None:
+    """Says what weight-only decoder engines buy: their size against the FP16 engine's, and on
+    TensorRT-RTX that they were measured no faster."""
+    from trt_seer.engine import manifest
+
+    def size(precision: str) -> int:
+        path = manifest.engine_manifest_path(art.path(f"{precision}.engine"))
+        return manifest.read_engine_manifest(path)["engine"]["size_bytes"]
+
+    sizes = ", ".join(f"{p.upper()} {size(p) / size('fp16'):.2f}x" for p in chosen)
+    log.info("engine size vs FP16: %s", sizes)
+    if flavor == "tensorrt_rtx":
+        log.warning("warning: on TensorRT-RTX, weight-only INT8 / INT4 decoder engines decoded no faster than the "
+                    "FP16 engine (0.90x / 1.02x at batch 1, 1.1B Llama on an H200; docs/BENCHMARKS.md): "
+                    "use them to save GPU memory, the FP16 engine for speed.")
 
 
 def _check_quantization(info, args, quant) -> None:
