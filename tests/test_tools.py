@@ -115,3 +115,20 @@ def test_finetune_bench_repeats_report_the_median_run_and_its_spread():
     assert row["samples_per_s"] == 20.0 and row["spread"] == (10.0, 30.0)
     assert "20.0 (10-30, 3 runs)" in bench_finetune.table([row])
     assert bench_finetune.combine([{"model": "m", "error": "out of memory"}])["error"] == "out of memory"
+
+
+def test_weight_only_probe_builds_every_form_and_compares_like_with_like():
+    pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX's builder (it runs without a GPU)")
+    import onnx
+
+    probe = load_tool("probe_weightonly")
+    for precision, dims, profiles in (("int8", 3, 2), ("int4", 2, 1)):
+        case, blob, note = probe.build((precision, dims, profiles, 256, 2))
+        assert blob, note
+    graph = probe.stack(256, 2, 3)
+    onnx.checker.check_model(graph)
+    assert [d.dim_param or d.dim_value for d in graph.graph.input[0].type.tensor_type.shape.dim] == ["B", "S", 256]
+    text = probe.table({("fp16", 3, 2, "eager"): 100.0, ("int8", 3, 2, "eager"): 50.0,
+                        ("int8", 2, 2, "eager"): 40.0}, 256, 2)
+    assert "| INT8 | 3-D | 2 | eager | 50.0 | 2.00x |" in text
+    assert "| INT8 | 2-D | 2 | eager | 40.0 |" in text and "n/a" in text.splitlines()[-1]
