@@ -304,3 +304,11 @@ def test_build_with_another_smoothquant_alpha_is_refused(qat_built, tmp_path, ca
                  *PROFILE, "--out", str(tmp_path / "eng")])
     one_line_error(capsys, code, "--smooth-alpha 0.5")
     assert not (tmp_path / "eng").exists()
+
+
+def test_ranges_only_needs_distillation_and_smoothing_needs_smoothquant(toy, capsys):
+    code = main(finetune_args(toy, "bad", "--qat", "int8", "--qat-train", "ranges", "--qat-loss", "labels"))
+    one_line_error(capsys, code, "--qat-loss distill")
+    code = main(finetune_args(toy, "bad", "--qat", "int8", "--qat-smoothing", "learned", "--smooth-alpha", "0"))
+    one_line_error(capsys, code, "--smooth-alpha > 0")
+    assert not (toy / "bad").exists()
