@@ -4,9 +4,11 @@
     python tools/bench_qat.py --base clf --work runs/ --qat learned frozen distill --control [--append docs/BENCHMARKS.md]
 
 1. PTQ: `build --int8 --int8-mode w8a8` of --base (entropy calibration, SmoothQuant 0.5).
+   Ranges runs (`--qat ranges`, `--qat-train ranges`) start from its calibration cache.
 2. QAT: `finetune --model BASE --qat int8 --max-steps N --amp bf16` (learned or frozen ranges on
-   the labels, or distilling BASE), then the same build, which takes the trained ranges
-   (qat_ranges.json) instead of calibrating and smooths nothing. --control: BASE fine-tuned N more
+   the labels, or distilling BASE; `--qat ranges`: weights frozen, ranges distilled on
+   calib/default.txt), then the same build, which takes the trained ranges (qat_ranges.json)
+   instead of calibrating (and with ranges-smooth the trained SmoothQuant scales). --control: BASE fine-tuned N more
    steps without QAT, then PTQ (does more training alone move the gate?).
 3. Accuracy against the labels of the embedded topics corpus's evaluation split (every 10th line,
    never trained on) for each FP32 and Q/DQ graph (ONNX Runtime CPU), next to what each build's
@@ -95,7 +97,8 @@ def qat_row(base: Path, work: Path, kind: str, seed: int, tag: str, attn: list, 
     suffix, extra, label = RUNS[kind]
     qat = work / f"qat{tag}{suffix}{f'-s{seed}' if seed else ''}"
     if kind.startswith("ranges"):  # whole epochs over the calibration corpus, in FP32 (no autocast)
-        steps, seconds = finetuned(base, qat, 10**6, "--qat", "int8", *attn, *extra, "--seed", str(seed),
+        seed_cache = ["--from-calib", str(work / f"ptq{tag}" / "calibration.cache")]  # start at PTQ's ranges
+        steps, seconds = finetuned(base, qat, 10**6, "--qat", "int8", *attn, *extra, "--seed", str(seed), *seed_cache,
                                    epochs=args.ranges_epochs, amp="off")
         label += f", seed {seed}"
     else:
@@ -136,7 +139,8 @@ def main(argv=None) -> int:
     text = "\n".join(lines) + ("\n\nFine-tuning: batch 32, bf16 autocast, lr 2e-5, on 2 shared CPU cores. Ranges runs "
                                 f"(--qat-train ranges): weights frozen, FP32, batch 32, {args.ranges_epochs} epochs over "
                                 "calib/default.txt (1316 texts, none of them in calib/heldout.txt), KL to the FP32 "
-                                "model, default --range-lr. Accuracy: the topics evaluation split (243 texts); gate: "
+                                "model, default --range-lr, ranges started from the PTQ row's calibration cache "
+                                "(--from-calib), so training is the only difference. Accuracy: the topics evaluation split (243 texts); gate: "
                                 "top-1 agreement with the build's own FP32 on calib/heldout.txt (160 texts), "
                                 "threshold 0.99; mean KL: of the class distributions, same texts.")
     print(text)
