@@ -306,9 +306,11 @@ def test_build_with_another_smoothquant_alpha_is_refused(qat_built, tmp_path, ca
     assert not (tmp_path / "eng").exists()
 
 
-def test_ranges_only_needs_distillation_and_smoothing_needs_smoothquant(toy, capsys):
+def test_ranges_only_and_calib_data_need_distillation_and_smoothing_needs_smoothquant(toy, capsys):
     code = main(finetune_args(toy, "bad", "--qat", "int8", "--qat-train", "ranges", "--qat-loss", "labels"))
     one_line_error(capsys, code, "--qat-loss distill")
     code = main(finetune_args(toy, "bad", "--qat", "int8", "--qat-smoothing", "learned", "--smooth-alpha", "0"))
     one_line_error(capsys, code, "--smooth-alpha > 0")
+    code = main(finetune_args(toy, "bad", "--qat", "int8", "--qat-data", "calib"))
+    one_line_error(capsys, code, "--qat-loss distill")
     assert not (toy / "bad").exists()

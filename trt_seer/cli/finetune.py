@@ -111,6 +111,10 @@ def _qat_args(g) -> None:
                         "distill with --qat-train ranges)")
     g.add_argument("--smooth-alpha", type=float, default=0.5,
                    help="--qat: SmoothQuant strength, as build applies it; build with the same value (default 0.5)")
+    g.add_argument("--qat-data", choices=("task", "calib"), default=None,
+                   help="--qat: train on the training data (task) or on build's calibration corpus "
+                        "calib/default.txt (calib; needs --qat-loss distill) (default: task; calib with "
+                        "--qat-train ranges)")
     g.add_argument("--qat-smoothing", choices=("fixed", "learned"), default="fixed",
                    help="--qat: keep SmoothQuant's per-channel scales as build computes them (fixed), or "
                         "start from them and learn them with the ranges; qat_ranges.json then carries them "
@@ -132,7 +136,8 @@ def _qat_spec(args, path):
     loss = args.qat_loss or ("distill" if ranges_only else "labels")
     range_lr = args.range_lr if args.range_lr is not None else RANGES_ONLY_LR if ranges_only else 1e-3
     return QatSpec(args.qat, path(args.from_calib), args.qat_ranges, range_lr, args.int8_attention, loss,
-                   args.smooth_alpha, args.qat_train, args.qat_smoothing)
+                   args.smooth_alpha, args.qat_train, args.qat_smoothing,
+                   args.qat_data or ("calib" if ranges_only else "task"))
 
 
 def spec_from_args(args):

@@ -71,7 +71,9 @@ def _run(spec: FinetuneSpec, ctx) -> Path:
         teacher = qat.teacher(model, spec.qat)  # before fake quantization goes on
         qat.prepare(model, tokenizer, spec.qat)
         if spec.qat.train == "ranges":
-            train = qat.ranges_only(model, tokenizer, max_seq)
+            qat.ranges_only(model)
+        if spec.qat.data == "calib":
+            train = qat.calibration_examples(tokenizer, max_seq)
     staged = checkpoint.stage(out) if ctx.is_main else None
     try:
         record = _train(spec, ctx, model, tokenizer, train, evaluation, staged, teacher)

@@ -49,24 +49,28 @@ def teacher(model, spec: QatSpec):
     return t
 
 
-def ranges_only(model, tokenizer, max_seq: int):
+def ranges_only(model) -> None:
     """`--qat-train ranges`: freezes every weight (the checkpoint's FP32 stays the starting model,
-    which is what build's gate compares the INT8 graph with), turns dropout off (the student then
-    computes what the teacher computes, up to the fake quantization) and returns the training
-    data: build's calibration corpus (calib/default.txt, all of it; the gate's calib/heldout.txt is
-    disjoint), encoded with a placeholder label that the distillation loss never reads."""
+    which is what build's gate compares the INT8 graph with) and turns dropout off (the student
+    then computes what the teacher computes, up to the fake quantization)."""
     import torch
-
-    from trt_seer import data
-    from trt_seer.finetune.data import Example, encode
 
     for name, p in model.named_parameters():
         p.requires_grad_(name.rsplit(".", 1)[-1].startswith("qat_"))
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
+
+
+def calibration_examples(tokenizer, max_seq: int):
+    """`--qat-data calib` (the default with --qat-train ranges): build's calibration corpus
+    (calib/default.txt, all of it; the gate's calib/heldout.txt is disjoint), encoded with a
+    placeholder label that the distillation loss never reads."""
+    from trt_seer import data
+    from trt_seer.finetune.data import Example, encode
+
     texts = data.load_texts(data.default_corpus("default"))
-    log.info("QAT (ranges only): weights frozen; distilling on %d calibration texts (calib/default.txt)", len(texts))
+    log.info("QAT: distilling on %d calibration texts (calib/default.txt)", len(texts))
     return encode([Example(t, 0) for t in texts], tokenizer, max_seq)
 
 

@@ -72,6 +72,7 @@ class QatSpec:
     smooth_alpha: float = 0.5  # SmoothQuant as build applies it (build must use the same --smooth-alpha)
     train: str = "all"  # "all": weights and ranges | "ranges": weights frozen, ranges distilled on calib text
     smoothing: str = "fixed"  # "fixed": build's SmoothQuant s | "learned": s trained too, build applies it
+    data: str = "task"  # "task": the training data | "calib": calib/default.txt (distillation only)
 
     def check(self, task: str) -> None:
         if self.mode not in QAT_MODES:
@@ -88,6 +89,10 @@ class QatSpec:
             raise InputError(f"unknown --qat-smoothing {self.smoothing!r}; choose fixed or learned")
         if self.smoothing == "learned" and not self.smooth_alpha > 0:
             raise InputError("--qat-smoothing learned starts from SmoothQuant: it needs --smooth-alpha > 0")
+        if self.data not in ("task", "calib"):
+            raise InputError(f"unknown --qat-data {self.data!r}; choose task or calib")
+        if self.data == "calib" and self.loss != "distill":
+            raise InputError("--qat-data calib has no labels: it needs --qat-loss distill")
         if self.train == "ranges" and (self.loss != "distill" or self.ranges != "learned"):
             raise InputError("--qat-train ranges learns the ranges by distilling the FP32 model: it needs "
                              "--qat-loss distill and --qat-ranges learned")
