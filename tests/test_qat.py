@@ -201,6 +201,68 @@ def test_from_calib_seeds_frozen_ranges(qat_built):
         assert r["amax"] == pytest.approx(cache[r["tensor"]] * calibrate.INT8_MAX, rel=1e-5)
 
 
+# -- ranges only (--qat-train ranges) ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ranges_built(toy):
+    """A fine-tuned classifier (confident logits: something to distil), then QAT with its weights
+    frozen, ranges and SmoothQuant scales distilled on calib/default.txt; then build."""
+    assert main(finetune_args(toy, "plain")) == 0
+    args = finetune_args(toy, "ranges", "--qat", "int8", "--qat-train", "ranges", "--qat-smoothing", "learned",
+                         "--max-steps", "4", "--range-lr", "0.05")
+    args[args.index("--model") + 1] = str(toy / "plain")
+    assert main(args) == 0
+    if trt.available():
+        assert main(["build", "--model", str(toy / "ranges"), "--int8", "--int8-mode", "w8a8", *PROFILE,
+                     "--out", str(toy / "eng-ranges"), "--calib-cache", str(toy / "r.cache")]) == 0
+    return toy
+
+
+def test_ranges_only_keeps_the_weights_and_learns_ranges_and_smoothing(ranges_built):
+    from safetensors.numpy import load_file
+
+    start, out = (load_file(str(ranges_built / d / "model.safetensors")) for d in ("plain", "ranges"))
+    assert set(start) == set(out) and all(np.array_equal(start[k], out[k]) for k in start)  # FP32 == the start's
+    doc, _ = ranges_by_module(ranges_built / "ranges")
+    assert doc["trained"] == "ranges" and doc["loss"] == "distill" and doc["ranges_trained"] == "learned"
+    assert len(doc["smoothing"]) == 8  # 2 layers x (QKV, O, FFN up, FFN down) inputs
+    assert sum(len(e["modules"]) for e in doc["smoothing"]) == 12  # Q, K, V share one s
+    assert all(np.abs(np.divide(e["s"], e["initial_s"]) - 1).max() > 0.01 for e in doc["smoothing"])
+    assert any(abs(r["amax"] / r["initial_amax"] - 1) > 1e-3 for r in doc["ranges"])
+    record = json.loads((ranges_built / "ranges" / "training.json").read_text())
+    assert record["settings"]["qat"]["train"] == "ranges" and record["settings"]["qat"]["smoothing"] == "learned"
+
+
+@needs_trt
+def test_build_applies_the_learned_smoothing_and_ranges(ranges_built):
+    """The built graph's smoothing Muls are 1 / the learned s and its activation Q/DQ scales the
+    learned amax / 127: build took both from qat_ranges.json, calibrated nothing, and gated it."""
+    from onnx import numpy_helper
+
+    doc, amax = ranges_by_module(ranges_built / "ranges")
+    eng = ranges_built / "eng-ranges"
+    rec = json.loads((eng / "ranges.int8.onnx.json").read_text())
+    assert rec["calibration"]["smoothing"] == "learned (qat_ranges.json)" and rec["accuracy"]["gate"]["passed"]
+    fp32 = onnxio.load(eng / "ranges.fp32.onnx")
+    targets = qdq.find_targets(fp32, qdq.QuantSpec(), "text-classification")
+    modules = qat_ranges.linear_nodes(fp32, qat_ranges.checkpoint_weights(ranges_built / "ranges"), targets)
+    inits = {t.name: numpy_helper.to_array(t) for t in onnxio.load(eng / "ranges.int8.onnx").graph.initializer}
+    s_by_module = {m: np.asarray(e["s"]) for e in doc["smoothing"] for m in e["modules"]}
+    nodes = {n.name: n for n in fp32.graph.node}
+    checked = 0
+    for t in targets:
+        x = nodes[t.node].input[0]
+        if f"{x}__smooth_inv" in inits:
+            inv = inits[f"{x}__smooth_inv"].astype(np.float64)
+            np.testing.assert_allclose(inv, 1 / s_by_module[modules[t.node]], rtol=2e-3)  # FP16 graph
+            checked += 1
+        if t.node in rec["quantization"]["int8_gemms"]["fp16_fallback"]:
+            continue
+        scale = float(inits[f"{t.node}_in0__scale"].reshape(-1)[0])
+        assert scale == pytest.approx(float(np.float16(amax[modules[t.node]] / calibrate.INT8_MAX)), rel=1e-6)
+    assert checked == 12
+
+
 # -- bad input --------------------------------------------------------------------------------------
 
 def one_line_error(capsys, code, needle):
@@ -242,3 +304,13 @@ def test_build_with_another_smoothquant_alpha_is_refused(qat_built, tmp_path, ca
                  *PROFILE, "--out", str(tmp_path / "eng")])
     one_line_error(capsys, code, "--smooth-alpha 0.5")
     assert not (tmp_path / "eng").exists()
+
+
+def test_ranges_only_and_calib_data_need_distillation_and_smoothing_needs_smoothquant(toy, capsys):
+    code = main(finetune_args(toy, "bad", "--qat", "int8", "--qat-train", "ranges", "--qat-loss", "labels"))
+    one_line_error(capsys, code, "--qat-loss distill")
+    code = main(finetune_args(toy, "bad", "--qat", "int8", "--qat-smoothing", "learned", "--smooth-alpha", "0"))
+    one_line_error(capsys, code, "--smooth-alpha > 0")
+    code = main(finetune_args(toy, "bad", "--qat", "int8", "--qat-data", "calib"))
+    one_line_error(capsys, code, "--qat-loss distill")
+    assert not (toy / "bad").exists()

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 log = logging.getLogger("trt_seer")
+RANGES_ONLY_LR = 3e-3  # --qat-train ranges: log(amax) learning rate (docs/DESIGN.md, measured)
 
 
 def add_parser(subparsers, common):
@@ -99,13 +100,28 @@ def _qat_args(g) -> None:
                         "(default: learned)")
     g.add_argument("--int8-attention", action="store_true",
                    help="--qat: also fake-quantize the attention batched matmuls, for build --int8-attention")
-    g.add_argument("--qat-loss", choices=("labels", "distill"), default="labels",
+    g.add_argument("--qat-train", choices=("all", "ranges"), default="all",
+                   help="--qat: train the weights and the ranges (all), or freeze the weights and learn only "
+                        "the activation ranges by distilling the FP32 model on the calibration corpus "
+                        "(calib/default.txt, disjoint from the gate's calib/heldout.txt), so the checkpoint's "
+                        "FP32 stays the starting model's (ranges) (default: all)")
+    g.add_argument("--qat-loss", choices=("labels", "distill"), default=None,
                    help="--qat: train on the labels (task loss) or distill the FP32 starting model's class "
-                        "distribution into the quantized one (KL; labels unused) (default: labels)")
+                        "distribution into the quantized one (KL; labels unused) (default: labels; "
+                        "distill with --qat-train ranges)")
     g.add_argument("--smooth-alpha", type=float, default=0.5,
                    help="--qat: SmoothQuant strength, as build applies it; build with the same value (default 0.5)")
-    g.add_argument("--range-lr", type=float, default=1e-3,
-                   help="--qat learned ranges: AdamW learning rate of log(amax) (default: 1e-3)")
+    g.add_argument("--qat-data", choices=("task", "calib"), default=None,
+                   help="--qat: train on the training data (task) or on build's calibration corpus "
+                        "calib/default.txt (calib; needs --qat-loss distill) (default: task; calib with "
+                        "--qat-train ranges)")
+    g.add_argument("--qat-smoothing", choices=("fixed", "learned"), default="fixed",
+                   help="--qat: keep SmoothQuant's per-channel scales as build computes them (fixed), or "
+                        "start from them and learn them with the ranges; qat_ranges.json then carries them "
+                        "and build applies them instead of its own (default: fixed)")
+    g.add_argument("--range-lr", type=float, default=None,
+                   help="--qat learned ranges: AdamW learning rate of log(amax) (default: 1e-3; "
+                        f"{RANGES_ONLY_LR:g} with --qat-train ranges)")
 
 
 def _qat_spec(args, path):
@@ -116,8 +132,12 @@ def _qat_spec(args, path):
         if args.from_calib is not None:
             raise InputError("--from-calib needs --qat int8")
         return None
-    return QatSpec(args.qat, path(args.from_calib), args.qat_ranges, args.range_lr, args.int8_attention, args.qat_loss,
-                   args.smooth_alpha)
+    ranges_only = args.qat_train == "ranges"
+    loss = args.qat_loss or ("distill" if ranges_only else "labels")
+    range_lr = args.range_lr if args.range_lr is not None else RANGES_ONLY_LR if ranges_only else 1e-3
+    return QatSpec(args.qat, path(args.from_calib), args.qat_ranges, range_lr, args.int8_attention, loss,
+                   args.smooth_alpha, args.qat_train, args.qat_smoothing,
+                   args.qat_data or ("calib" if ranges_only else "task"))
 
 
 def spec_from_args(args):

@@ -70,6 +70,10 @@ def _run(spec: FinetuneSpec, ctx) -> Path:
     if spec.qat is not None:
         teacher = qat.teacher(model, spec.qat)  # before fake quantization goes on
         qat.prepare(model, tokenizer, spec.qat)
+        if spec.qat.train == "ranges":
+            qat.ranges_only(model)
+        if spec.qat.data == "calib":
+            train = qat.calibration_examples(tokenizer, max_seq)
     staged = checkpoint.stage(out) if ctx.is_main else None
     try:
         record = _train(spec, ctx, model, tokenizer, train, evaluation, staged, teacher)

@@ -30,11 +30,19 @@ def fake_quant_input(x, log_amax):
     return y.to(x.dtype)
 
 
-def fake_quant_weight(w):
-    """Per-output-channel symmetric INT8 (rows of an nn.Linear weight), scale = max |row| / 127."""
+def fake_quant_weight(w, scale_grad: bool = False):
+    """Per-output-channel symmetric INT8 (rows of an nn.Linear weight), scale = max |row| / 127.
+    `scale_grad`: the scale is a function of `w` for the gradient too (LSQ's gradient of the
+    rounding step), so a learned SmoothQuant s sees that raising one input channel coarsens every
+    row whose maximum it sets; otherwise the scale is a constant of the step."""
     import torch
 
-    amax = w.detach().float().abs().amax(dim=1)  # (out,)
+    amax = w.float().abs().amax(dim=1)  # (out,)
+    if not scale_grad:
+        amax = amax.detach()
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     zero = torch.zeros(w.shape[0], dtype=torch.int32, device=w.device)
+    if scale_grad:
+        return torch._fake_quantize_learnable_per_channel_affine(w.float(), scale, zero.float(), 0, -127, 127,
+                                                                  1.0).to(w.dtype)
     return torch.fake_quantize_per_channel_affine(w.float(), scale, zero, 0, -127, 127).to(w.dtype)

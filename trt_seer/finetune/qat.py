@@ -32,6 +32,7 @@ from trt_seer.finetune.spec import QatSpec
 log = logging.getLogger(__name__)
 PARAM = "qat_log_amax"  # on each quantized nn.Linear while training; removed before saving
 SMOOTH = "qat_smooth"  # SmoothQuant's s on a smoothed Linear while training (a non-persistent buffer)
+LOG_SMOOTH = "qat_log_smooth"  # --qat-smoothing learned: log s, a parameter shared by the Linears of one input
 ATTENTION_ATTR = "_trt_seer_qat_attention"  # {"previous": implementation, "modules": [names]}
 CALIB_SAMPLES, CALIB_BATCH = 256, 16  # build's defaults (--calib-samples, --calib-batch)
 
@@ -46,6 +47,31 @@ def teacher(model, spec: QatSpec):
     t = copy.deepcopy(model).eval()
     t.requires_grad_(False)
     return t
+
+
+def ranges_only(model) -> None:
+    """`--qat-train ranges`: freezes every weight (the checkpoint's FP32 stays the starting model,
+    which is what build's gate compares the INT8 graph with) and turns dropout off (the student
+    then computes what the teacher computes, up to the fake quantization)."""
+    import torch
+
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.rsplit(".", 1)[-1].startswith("qat_"))
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+
+
+def calibration_examples(tokenizer, max_seq: int):
+    """`--qat-data calib` (the default with --qat-train ranges): build's calibration corpus
+    (calib/default.txt, all of it; the gate's calib/heldout.txt is disjoint), encoded with a
+    placeholder label that the distillation loss never reads."""
+    from trt_seer import data
+    from trt_seer.finetune.data import Example, encode
+
+    texts = data.load_texts(data.default_corpus("default"))
+    log.info("QAT: distilling on %d calibration texts (calib/default.txt)", len(texts))
+    return encode([Example(t, 0) for t in texts], tokenizer, max_seq)
 
 
 def check(spec: QatSpec) -> None:
@@ -64,9 +90,13 @@ def _qat_forward(module, x):
     from trt_seer.finetune.fakequant import fake_quant_input, fake_quant_weight
 
     w, s = module.weight, getattr(module, SMOOTH, None)
+    learned = LOG_SMOOTH in module._parameters
+    if learned:
+        s = module._parameters[LOG_SMOOTH].exp()
     if s is not None:  # (x / s) @ (W * s)^T: the smoothed graph's Mul and scaled weights
         x, w = x / s.to(x.dtype), w * s
-    return torch.nn.functional.linear(fake_quant_input(x, getattr(module, PARAM)), fake_quant_weight(w), module.bias)
+    return torch.nn.functional.linear(fake_quant_input(x, getattr(module, PARAM)), fake_quant_weight(w, learned),
+                                      module.bias)
 
 
 def attach(model, groups: dict[str, list[str]], amax: dict[str, float], spec: QatSpec,
@@ -83,6 +113,7 @@ def attach(model, groups: dict[str, list[str]], amax: dict[str, float], spec: Qa
     count = 0
     for tensor, keys in groups.items():
         p = make_range(amax[tensor], spec.ranges == "learned", spec.range_lr, tensor)
+        shared = _smoothing_param(keys, scales, spec, tensor)
         for key in keys:
             name, _, bmm_input = key.partition("#")
             m = modules[name]
@@ -92,34 +123,57 @@ def attach(model, groups: dict[str, list[str]], amax: dict[str, float], spec: Qa
             if not isinstance(m, torch.nn.Linear):
                 raise InputError(f"{name} is a {type(m).__name__}, not an nn.Linear; cannot train its quantization")
             m.register_parameter(PARAM, p)
-            if name in (scales or {}):  # SmoothQuant's per-input-channel s (not saved with the weights)
+            if shared is not None:
+                m.register_parameter(LOG_SMOOTH, shared)
+            elif name in (scales or {}):  # SmoothQuant's per-input-channel s (not saved with the weights)
                 m.register_buffer(SMOOTH, torch.from_numpy(scales[name]), persistent=False)
             m.forward = functools.partial(_qat_forward, m)
             count += 1
     return count
 
 
-def detach(model) -> list[dict]:
-    """Removes the fake quantization; returns the ranges, one entry per tensor (qat_ranges.json)."""
+def _smoothing_param(keys: list[str], scales: dict | None, spec: QatSpec, tensor: str):
+    """--qat-smoothing learned: one parameter log(s) for the Linears reading `tensor` (they share
+    one smoothed input in build's graph), initialised at SmoothQuant's s; None otherwise."""
+    import numpy as np
+    import torch
+
+    smoothed = [k for k in keys if k in (scales or {})]
+    if spec.smoothing != "learned" or not smoothed:
+        return None
+    p = torch.nn.Parameter(torch.from_numpy(np.log(scales[smoothed[0]]).astype(np.float32)))
+    p.range_lr, p.tensor, p.initial_s = spec.range_lr, tensor, scales[smoothed[0]].tolist()
+    return p
+
+
+def detach(model) -> tuple[list[dict], list[dict]]:
+    """Removes the fake quantization; returns the ranges, one entry per tensor, and the learned
+    smoothing scales, one entry per smoothed input (qat_ranges.json)."""
     by_param: dict[int, dict] = {}
+    smoothing: dict[int, dict] = {}
     for name, m in model.named_modules():
         for pname, p in [(k, v) for k, v in m._parameters.items() if k.startswith("qat_")]:
+            delattr(m, pname)
+            if pname == LOG_SMOOTH:
+                entry = smoothing.setdefault(id(p), {"tensor": p.tensor, "modules": [],
+                                                     "s": p.detach().exp().tolist(), "initial_s": p.initial_s})
+                entry["modules"].append(name)
+                continue
             key = name if pname == PARAM else f"{name}#{pname.removeprefix('qat_bmm_')}"
             entry = by_param.setdefault(id(p), {"tensor": p.tensor, "modules": [], "amax": math.exp(float(p.detach())),
                                                 "initial_amax": p.initial_amax})
             entry["modules"].append(key)
-            delattr(m, pname)
         if SMOOTH in m._buffers:
             delattr(m, SMOOTH)
         m.__dict__.pop("forward", None)
-    return list(by_param.values())
+    return list(by_param.values()), list(smoothing.values())
 
 
 def save_ranges(model, dest: Path, spec: QatSpec) -> Path:
     """Detaches the fake quantization from `model` and writes dest/qat_ranges.json."""
     from trt_seer.quantize import qat_ranges
 
-    ranges = detach(model)
+    ranges, smoothing = detach(model)
     if not ranges:
         raise InputError("no quantized Linear left to save ranges for")
     attention = getattr(model, ATTENTION_ATTR, None)
@@ -127,8 +181,9 @@ def save_ranges(model, dest: Path, spec: QatSpec) -> Path:
         model.set_attn_implementation(attention["previous"])
         delattr(model, ATTENTION_ATTR)
     init = f"TensorRT calibration cache {spec.from_calib}" if spec.from_calib else "entropy calibration"
-    return qat_ranges.write(dest, ranges, {"ranges_trained": spec.ranges, "initialised_from": init, "loss": spec.loss,
-                                           "smooth_alpha": spec.smooth_alpha,
+    return qat_ranges.write(dest, ranges, {"ranges_trained": spec.ranges, "trained": spec.train,
+                                           "initialised_from": init, "loss": spec.loss,
+                                           "smooth_alpha": spec.smooth_alpha, "smoothing": smoothing,
                                            "attention_modules": attention["modules"] if attention else []})
 
 

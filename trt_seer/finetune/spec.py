@@ -54,6 +54,7 @@ class DataSpec:
 
 QAT_MODES = ("int8",)
 RANGE_MODES = ("learned", "frozen")
+QAT_TRAIN = ("all", "ranges")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ class QatSpec:
     attention: bool = False  # also the attention batched matmuls (build --int8-attention)
     loss: str = "labels"  # "labels" (the task loss) | "distill" (KL to the FP32 starting model)
     smooth_alpha: float = 0.5  # SmoothQuant as build applies it (build must use the same --smooth-alpha)
+    train: str = "all"  # "all": weights and ranges | "ranges": weights frozen, ranges distilled on calib text
+    smoothing: str = "fixed"  # "fixed": build's SmoothQuant s | "learned": s trained too, build applies it
+    data: str = "task"  # "task": the training data | "calib": calib/default.txt (distillation only)
 
     def check(self, task: str) -> None:
         if self.mode not in QAT_MODES:
@@ -79,6 +83,19 @@ class QatSpec:
             raise InputError(f"unknown --qat-ranges {self.ranges!r}; choose learned or frozen")
         if self.loss not in ("labels", "distill"):
             raise InputError(f"unknown --qat-loss {self.loss!r}; choose labels or distill")
+        if self.train not in QAT_TRAIN:
+            raise InputError(f"unknown --qat-train {self.train!r}; choose all or ranges")
+        if self.smoothing not in ("fixed", "learned"):
+            raise InputError(f"unknown --qat-smoothing {self.smoothing!r}; choose fixed or learned")
+        if self.smoothing == "learned" and not self.smooth_alpha > 0:
+            raise InputError("--qat-smoothing learned starts from SmoothQuant: it needs --smooth-alpha > 0")
+        if self.data not in ("task", "calib"):
+            raise InputError(f"unknown --qat-data {self.data!r}; choose task or calib")
+        if self.data == "calib" and self.loss != "distill":
+            raise InputError("--qat-data calib has no labels: it needs --qat-loss distill")
+        if self.train == "ranges" and (self.loss != "distill" or self.ranges != "learned"):
+            raise InputError("--qat-train ranges learns the ranges by distilling the FP32 model: it needs "
+                             "--qat-loss distill and --qat-ranges learned")
         if not 0 <= self.smooth_alpha < 1:
             raise InputError(f"--smooth-alpha must be in [0, 1), got {self.smooth_alpha}")
         if not self.range_lr > 0:

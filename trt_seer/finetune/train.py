@@ -91,7 +91,7 @@ def param_groups(module, weight_decay: float) -> list[dict]:
     ranges = [p for p in module.parameters() if p.requires_grad and hasattr(p, "range_lr")]
     if ranges:
         groups.append({"params": ranges, "weight_decay": 0.0, "lr": ranges[0].range_lr})
-    return groups
+    return [g for g in groups if g["params"]]  # frozen weights (QAT --qat-train ranges) leave groups empty
 
 
 def make_trainer(module, spec: FinetuneSpec, ctx: Context, total_steps: int, pad_id: int, teacher=None) -> Trainer:

@@ -267,15 +267,21 @@ def _rank(fp32_path: Path, cand: Path, batches: list, nodes: list[str] | None,
     return [r["node"] for r in sorted(profile_rows, key=lambda r: -r["added_error"])]
 
 
-def _smoothed(fp32_path: Path, nodes: list[str], cd: CalibData, alpha: float, work: Path) -> tuple[Path, Path]:
-    """SmoothQuant-rewritten FP32 and FP16 graphs in `work` (or the originals when alpha is 0)."""
+def _smoothed(fp32_path: Path, nodes: list[str], cd: CalibData, alpha: float, work: Path,
+              learned=None) -> tuple[Path, Path]:
+    """SmoothQuant-rewritten FP32 and FP16 graphs in `work`; `learned(groups)` gives the scales
+    that finetune --qat-smoothing learned instead of computing them from the calibration data."""
     from trt_seer.quantize import smooth
     from trt_seer.export.precision import fp16_from_onnx
 
     model = onnxio.load(fp32_path)
-    xs = list(smooth.groups(model, nodes))
-    log.info("smoothing %d activation groups (alpha %.2f) ...", len(xs), alpha)
-    smooth.smooth_model(model, smooth.channel_absmax(fp32_path, cd.calib[:8], xs), alpha, nodes)
+    xs = smooth.groups(model, nodes)
+    if learned is not None:
+        log.info("smoothing %d activation groups with the scales trained by finetune --qat ...", len(xs))
+        smooth.smooth_model(model, {}, alpha, nodes, learned(xs))
+    else:
+        log.info("smoothing %d activation groups (alpha %.2f) ...", len(xs), alpha)
+        smooth.smooth_model(model, smooth.channel_absmax(fp32_path, cd.calib[:8], list(xs)), alpha, nodes)
     s32 = onnxio.save(model, work / "smooth.fp32.onnx")
     return s32, fp16_from_onnx(s32, work / "smooth.fp16.onnx")
 
@@ -319,7 +325,11 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantSt
     qat = qat_ranges.for_build(info.path, mode, quant)  # ranges trained by finetune --qat: no calibration
     src32, base16 = fp32_path, art.path("fp16.onnx")
     if quant.smooth_alpha > 0 and mode == "w8a8":  # smoothing only helps activation quantization
-        src32, base16 = _smoothed(fp32_path, nodes, cd, quant.smooth_alpha, work)
+        learned = None
+        if qat and qat.smoothing:
+            def learned(xs):
+                return qat_ranges.smooth_scales(qat, fp32_path, targets, xs, info.path)
+        src32, base16 = _smoothed(fp32_path, nodes, cd, quant.smooth_alpha, work, learned)
     tensors = quantize.activation_tensors(onnxio.load(src32, False), targets)
     if qat:
         amax_t = qat_ranges.build_amax(qat, fp32_path, targets, tensors, info.path)
@@ -349,7 +359,8 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantSt
         "calibration": {"method": quant.calib_method, "batches": len(cd.calib), "data": quant.calib or "calib/default.txt",
                         "cache": str(cache_path(info, quant)), "seeded_from": quant.from_cache,
                         "smooth_alpha": quant.smooth_alpha,
-                        "qat_ranges": str(qat.path) if qat else None},
+                        "qat_ranges": str(qat.path) if qat else None,
+                        "smoothing": "learned (qat_ranges.json)" if qat and qat.smoothing else "SmoothQuant"},
         "quantization": {"mode": mode, "int8_gemms": counts, "attention": quant.int8_attention and mode == "w8a8"},
         "accuracy": {"onnx_vs_fp32": evaluate.accuracy_entry(metrics, dest, fp32_path),
                      "gate": {"passed": True, "thresholds": gate.__dict__, "measured_on": evaluate.measured_on(dest),

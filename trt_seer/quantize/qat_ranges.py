@@ -42,6 +42,7 @@ class QatRanges:
     trained: str  # "learned" | "frozen"
     attention_modules: list  # in call order: one QK^T / PV MatMul pair each (empty: no BMM ranges)
     smooth_alpha: float  # the SmoothQuant strength the ranges were trained under (build must match)
+    smoothing: dict = None  # module name -> learned SmoothQuant s (finetune --qat-smoothing learned); {} if not
 
     def fingerprint(self) -> str:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
@@ -125,11 +126,14 @@ def find(ckpt: Path | None) -> QatRanges | None:
         ok = doc.get("schema") == SCHEMA and doc.get("mode") == "w8a8"
         attention = [str(m) for m in doc.get("attention_modules", [])]
         alpha = float(doc.get("smooth_alpha", 0.0))
+        smoothing = {m: np.asarray(e["s"], np.float32) for e in doc.get("smoothing", []) for m in e["modules"]}
     except (ValueError, KeyError, TypeError) as e:
         raise InputError(f"malformed {path}: {e!r}; rerun finetune --qat int8 or delete the file") from e
     if not ok or not amax or not all(np.isfinite(v) and v > 0 for v in amax.values()):
         raise InputError(f"{path} is not a schema-{SCHEMA} w8a8 ranges file with positive finite amax values")
-    return QatRanges(path, amax, str(doc.get("ranges_trained", "?")), attention, alpha)
+    if not all(s.ndim == 1 and np.isfinite(s).all() and (s > 0).all() for s in smoothing.values()):
+        raise InputError(f"{path}: smoothing scales must be 1-D, finite and positive")
+    return QatRanges(path, amax, str(doc.get("ranges_trained", "?")), attention, alpha, smoothing)
 
 
 def tensor_amax(qat: QatRanges, model, targets, tensors: dict, weights: dict) -> dict[str, float]:
@@ -168,6 +172,23 @@ def for_build(ckpt: Path | None, mode: str, quant: QuantStageSpec) -> QatRanges 
         raise InputError(f"{qat.path} was trained with SmoothQuant alpha {qat.smooth_alpha:g}; build with "
                          f"--smooth-alpha {qat.smooth_alpha:g}")
     return qat
+
+
+def smooth_scales(qat: QatRanges, fp32_path: Path, targets, xs: dict, ckpt: Path) -> dict:
+    """{activation tensor of the build's FP32 graph: learned s} for the smoothing groups `xs`
+    ({tensor: GEMM nodes reading it}, smooth.groups), matched to modules through the checkpoint's
+    weights. InputError for a group the file does not cover, or whose GEMMs disagree."""
+    from trt_seer.export import onnxio
+
+    modules = linear_nodes(onnxio.load(fp32_path), checkpoint_weights(ckpt), targets)
+    out = {}
+    for x, gemms in xs.items():
+        found = [qat.smoothing.get(modules.get(g.name)) for g in gemms]
+        if any(s is None for s in found) or any(s.shape != found[0].shape or (s != found[0]).any() for s in found):
+            raise InputError(f"{qat.path} has no single learned smoothing for the GEMMs reading {x}; retrain with "
+                             "the same placement or delete the file to calibrate")
+        out[x] = found[0]
+    return out
 
 
 def build_amax(qat: QatRanges, fp32_path: Path, targets, tensors: dict, ckpt: Path) -> dict[str, float]:

@@ -51,18 +51,24 @@ def channel_absmax(onnx_path: Path, batches, tensors: list[str]) -> dict[str, np
     return amax
 
 
-def smooth_model(model, act_amax: dict[str, np.ndarray], alpha: float, nodes: list[str]):
-    """Rewrites `model` (FP32) in place; returns {activation tensor: smoothed tensor name}."""
+def smooth_model(model, act_amax: dict[str, np.ndarray], alpha: float, nodes: list[str],
+                 scales: dict[str, np.ndarray] | None = None):
+    """Rewrites `model` (FP32) in place; returns {activation tensor: smoothed tensor name}. With
+    `scales` ({tensor: s}, learned by finetune --qat-smoothing learned), those s are applied
+    instead of the ones computed from `act_amax` and `alpha`."""
     from onnx import helper, numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
     renamed, new_nodes = {}, {}
     for x, gemms in groups(model, nodes).items():
-        if x not in act_amax:
+        if x not in (act_amax if scales is None else scales):
             continue
         weights = [numpy_helper.to_array(inits[g.input[1]]).astype(np.float32) for g in gemms]
-        w_amax = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)  # (inner,)
-        s = np.clip(np.maximum(act_amax[x], 1e-8) ** alpha / np.maximum(w_amax, 1e-8) ** (1 - alpha), S_MIN, S_MAX)
+        if scales is not None:
+            s = np.clip(scales[x].astype(np.float64), S_MIN, S_MAX)
+        else:
+            w_amax = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)  # (inner,)
+            s = np.clip(np.maximum(act_amax[x], 1e-8) ** alpha / np.maximum(w_amax, 1e-8) ** (1 - alpha), S_MIN, S_MAX)
         inv = numpy_helper.from_array((1.0 / s).astype(np.float32), f"{x}__smooth_inv")
         model.graph.initializer.append(inv)
         xs = f"{x}__smooth"
