@@ -281,8 +281,7 @@ def test_engine_slot_pool_hands_out_contexts_and_wakes_waiters_on_close():
     assert waiter_error == ["m.engine is closed"]  # woken by close, gives up
     closer.join(0.2)
     assert closer.is_alive()  # still waiting for the call inside
-    pool.release("ctx0")
-    pool.leave()
+    pool.release_and_leave("ctx0")
     closer.join(10)
     assert not closer.is_alive()
     assert pool.try_enter() is False
@@ -390,6 +389,29 @@ def test_engine_specs_from_a_manifest_give_the_same_messages(feature_onnx, case)
     with load(feature_onnx) as m, pytest.raises(InputError) as from_ort:
         m.infer(feeds)
     assert str(from_manifest.value) == str(from_ort.value)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FEEDS))
+def test_remembered_shapes_do_not_let_bad_feeds_through(feature_onnx, case):
+    """The TensorRT backend's FeedCheck skips the checks for numpy feeds whose shapes passed before;
+    a bad feed after good ones of the same shapes still fails with validate_feeds' message."""
+    from trt_seer.runtime.io import FeedCheck
+
+    io = onnxio.describe_io(onnxio.load(feature_onnx))
+    specs = specs_from_description(io["inputs"])
+    check = FeedCheck(specs)
+    good = token_feeds(2, 6, features=True)
+    for _ in range(2):  # the second call takes the remembered path
+        valid, key = check(good, allow_device=True)
+        assert list(valid) == [s.name for s in specs] and all(valid[n] is good[n] for n in good)
+        assert key == tuple(good[s.name].shape for s in specs)
+    change, message = BAD_FEEDS[case]
+    with pytest.raises(InputError, match=message):
+        check(change(token_feeds(2, 6, features=True)), allow_device=True)
+    assert len(check._passed) == 1
+    strided = {**good, "input_ids": np.asfortranarray(np.tile(good["input_ids"], (1, 1)))}
+    valid, _ = check(strided)  # not C-contiguous: the full path makes a contiguous copy
+    assert valid["input_ids"].flags.c_contiguous and valid["input_ids"] is not strided["input_ids"]
 
 
 def test_tensorrt_dtype_names_in_manifests_are_understood():
@@ -635,3 +657,29 @@ def test_cpu_fallback_prefers_the_fused_fp32_graph(tmp_path):
     assert onnx_sibling(tmp_path / "x.fp16.engine").name == "x.fp32.cpu.onnx"  # faster there than the FP16-typed graph
     assert onnx_sibling(tmp_path / "x.int8.engine").name == "x.int8.onnx"  # INT8 without its CPU form
     assert onnx_sibling(tmp_path / "y.fp32.engine").name == "y.fp32.onnx"  # another model's is not taken
+
+
+def test_staging_regions_give_each_input_its_own_aligned_place(monkeypatch):
+    """TensorRT slots stage every host input in one pinned buffer (one copy per call); the layout
+    is checked here on a numpy stand-in for the pinned/device pair."""
+    from trt_seer.runtime import slot as slot_mod
+
+    class Pinned:
+        def __init__(self, n):
+            self.nbytes, self.device_ptr, self.mem = n, 4096, np.zeros(n, np.uint8)
+
+        def host_view(self, shape, dtype):
+            return self.mem.view(dtype).reshape(shape)
+
+    monkeypatch.setattr(slot_mod.cuda, "HostDeviceBuffer", Pinned)
+    specs = [IOSpec("input_ids", "int64", (-1, -1), max_shape=(4, 5)),
+             IOSpec("mask", "int32", (-1, -1), max_shape=(4, 5)),
+             IOSpec("scale", "float16", (3,), max_shape=(3,))]
+    staging, regions = slot_mod.staging_regions(specs)
+    assert [r.offset for r in regions.values()] == [0, 256, 512]  # 160 and 80 bytes, rounded up to 256
+    assert staging.nbytes == 768 and regions["mask"].device_ptr == 4096 + 256
+    regions["mask"].host_view((2, 5), np.dtype(np.int32))[:] = 7
+    regions["input_ids"].host_view((4, 5), np.dtype(np.int64))[:] = -1  # its largest shape stays in place
+    assert (staging.mem[256:296].view(np.int32) == 7).all() and (staging.mem[296:512] == 0).all()
+    with pytest.raises(ValueError, match="needs 100 bytes; the region holds 80"):
+        regions["mask"].host_view((5, 5), np.dtype(np.int32))

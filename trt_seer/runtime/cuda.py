@@ -124,6 +124,7 @@ def pointer_device(ptr: int) -> int | None:
     return int(attrs.device) if attrs.type in device_types else None
 
 
+@functools.lru_cache(maxsize=None)
 def _memcpy_kind(name: str):
     return getattr(cudart().cudaMemcpyKind, f"cudaMemcpy{name}")
 
@@ -131,8 +132,9 @@ def _memcpy_kind(name: str):
 def copy_async(dst: int, src: int, nbytes: int, kind: str, stream: "Stream | int") -> None:
     """cudaMemcpyAsync; `kind` is "HostToDevice", "DeviceToHost" or "DeviceToDevice"."""
     if nbytes:
-        cuda_call(cudart().cudaMemcpyAsync(dst, src, nbytes, _memcpy_kind(kind), stream_handle(stream)),
-                  f"cudaMemcpyAsync({kind}, {nbytes} bytes)")
+        (err,) = cudart().cudaMemcpyAsync(dst, src, nbytes, _memcpy_kind(kind), stream_handle(stream))
+        if int(err):  # the message is built only on failure: this runs several times per call
+            check(err, f"cudaMemcpyAsync({kind}, {nbytes} bytes)")
 
 
 def copy2d_async(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int, kind: str,
@@ -155,6 +157,8 @@ def stream_handle(stream):
     or a raw handle (int or cudaStream_t) as given."""
     if isinstance(stream, Stream):
         return stream.handle
+    if isinstance(stream, int):
+        return stream
     for attr in ("cuda_stream", "ptr"):
         if isinstance(getattr(stream, attr, None), int):
             return getattr(stream, attr)

@@ -32,7 +32,7 @@ from trt_seer.errors import CudaError, DependencyError, InputError, ManifestMism
 from trt_seer.files import atomic_write_bytes
 import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.base import Model
-from trt_seer.runtime.io import DeviceTensor, IOSpec, out_view, token_axes, validate_feeds, validate_out
+from trt_seer.runtime.io import DeviceTensor, FeedCheck, IOSpec, out_view, token_axes, validate_out
 from trt_seer.runtime.slot import EnginePending, Slot, SlotPool
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,7 @@ class TensorRTModel(Model):
         self._runtime, self.engine = self._deserialize()
         self.inputs, self.outputs = engine_specs(self.engine, self.flavor.trt)
         _check_io_names(self.manifest, self.inputs, self.outputs, self.path)
+        self._check_feeds = FeedCheck(self.inputs)
         self._cache_path = self._resolve_cache_path()
         self._cache, self._cache_blob = None, b""
         self._configs: list = []
@@ -216,15 +217,37 @@ class TensorRTModel(Model):
         slot = self._pool.acquire()
         handle = cuda.stream_handle(stream) if stream is not None else slot.stream.handle
         try:
-            valid = validate_feeds(self.inputs, feeds, allow_device=True, consumer_stream=int(handle))
-            buffers = validate_out(selected, out, allow_device=True, consumer_stream=int(handle))
-            results = self._enqueue(slot, valid, _Call(selected, buffers, device_outputs), handle)
-            pending = EnginePending(self, slot, results, (valid, buffers))
+            results, keepalive = self._start(slot, feeds, selected, out, device_outputs, handle)
+            pending = EnginePending(self, slot, results, keepalive)
         except BaseException:
             self._release_after_sync(slot, handle)
             raise
         self._pool.leave()
         return pending
+
+    def infer(self, feeds, outputs=None, *, out=None, device_outputs: bool = False) -> dict:
+        """`infer_async(...).result()` without a pending call's bookkeeping: the call keeps its
+        execution context from the first copy to the last (see Model.infer for the arguments)."""
+        selected = self.selected_outputs(outputs)
+        slot = self._pool.acquire()
+        handle = slot.stream.handle
+        try:
+            results, _ = self._start(slot, feeds, selected, out, device_outputs, handle)
+            slot.done.synchronize()
+            self.last_gpu_ms = slot.end.elapsed_ms(slot.start)
+            values = {name: value.copy() if copy else value for name, value, copy in results}
+        except BaseException:
+            self._release_after_sync(slot, handle)
+            raise
+        self._pool.release_and_leave(slot)
+        return values
+
+    def _start(self, slot: Slot, feeds, selected: tuple, out, device_outputs: bool, handle) -> tuple[list, tuple]:
+        """Checks the call and enqueues it on `handle`; (results, what must stay alive until done)."""
+        valid, key = self._check_feeds(feeds, allow_device=True, consumer_stream=int(handle))
+        buffers = validate_out(selected, out, allow_device=True, consumer_stream=int(handle))
+        results = self._enqueue(slot, valid, key, _Call(selected, buffers, device_outputs), handle)
+        return results, (valid, buffers)
 
     def _release_after_sync(self, slot: Slot, stream) -> None:
         try:
@@ -233,17 +256,13 @@ class TensorRTModel(Model):
             self._pool.release(slot)
             self._pool.leave()
 
-    def _enqueue(self, slot: Slot, feeds: dict, call: "_Call", stream) -> list:
-        key = tuple(tuple(v.shape) for v in feeds.values())  # feeds are in input order
+    def _enqueue(self, slot: Slot, feeds: dict, key: tuple, call: "_Call", stream) -> list:
+        """`key`: the feeds' shapes, in input order (as `feeds` is)."""
         out_shapes = slot.output_shapes(key)
         views = {n: out_view(n, b, out_shapes[n]) for n, b in call.buffers.items()}  # sizes before any work
-        for name, value in feeds.items():
-            slot.bind(name, self._stage(slot, name, value, stream))
-        for name in slot.output_names:  # every output needs an address, returned or not
-            view = views.get(name)
-            on_gpu = isinstance(view, DeviceTensor)
-            slot.bind(name, self._device_address(slot, f"out[{name}]", view, stream) if on_gpu
-                      else slot.own[name])
+        self._stage_inputs(slot, feeds, stream)
+        if views or slot.foreign:  # else every output is bound to the slot's own buffer already
+            self._bind_outputs(slot, views, stream)
         slot.start.record(stream)
         self._execute(slot, key, stream)
         slot.end.record(stream)
@@ -251,6 +270,28 @@ class TensorRTModel(Model):
                    for spec in call.outputs]
         slot.done.record(stream)
         return results
+
+    def _stage_inputs(self, slot: Slot, feeds: dict, stream) -> None:
+        """Binds every input: host arrays go to their place in the slot's staging buffer and move
+        to the GPU in one copy; GPU tensors are bound where they are."""
+        staged = 0  # bytes of the staging buffer this call fills
+        for name, value in feeds.items():
+            if isinstance(value, np.ndarray):
+                region = slot.inputs[name]
+                np.copyto(region.host_view(value.shape, value.dtype), value)
+                slot.bind(name, region.device_ptr)
+                staged = max(staged, region.offset + value.nbytes)
+            else:
+                slot.bind(name, self._device_address(slot, f"input {name}", value, stream))
+        if staged:
+            slot.staging.h2d_async(stream, staged)
+
+    def _bind_outputs(self, slot: Slot, views: dict, stream) -> None:
+        for name in slot.output_names:  # every output needs an address, returned or not
+            view = views.get(name)
+            on_gpu = isinstance(view, DeviceTensor)
+            slot.bind(name, self._device_address(slot, f"out[{name}]", view, stream) if on_gpu
+                      else slot.own[name])
 
     def _result(self, slot: Slot, spec: IOSpec, shape, view, call: "_Call", stream) -> tuple:
         """(name, value, copy?) for one returned output, enqueuing its copy back if it has one."""
@@ -266,15 +307,6 @@ class TensorRTModel(Model):
         host = buf.host_view(shape, spec.dtype)
         buf.d2h_async(stream, host.nbytes)
         return spec.name, host, True
-
-    def _stage(self, slot: Slot, name: str, value, stream) -> int:
-        """The device address to bind for one input: a staged copy, or the caller's GPU memory."""
-        if isinstance(value, np.ndarray):
-            buf = slot.inputs[name]
-            np.copyto(buf.host_view(value.shape, value.dtype), value)
-            buf.h2d_async(stream, value.nbytes)
-            return buf.device_ptr
-        return self._device_address(slot, f"input {name}", value, stream)
 
     def _device_address(self, slot: Slot, label: str, value: DeviceTensor, stream) -> int:
         """The caller's GPU memory, checked to be on this engine's GPU; the call waits for the

@@ -210,6 +210,43 @@ def validate_feeds(specs: Sequence[IOSpec], feeds: Mapping, *, allow_device: boo
     return out
 
 
+class FeedCheck:
+    """`validate_feeds` with a memory: numpy feeds whose names, dtypes and shapes passed once pass
+    again after a few dict lookups (a serving loop sends the same shapes over and over). Returns
+    (feeds in spec order, their shapes) either way."""
+
+    LIMIT = 256  # shape combinations remembered
+
+    def __init__(self, specs: Sequence[IOSpec]):
+        self.specs = tuple(specs)
+        self._dtypes = tuple((s.name, np.dtype(s.dtype)) for s in self.specs)
+        self._passed: set[tuple] = set()
+
+    def __call__(self, feeds: Mapping, *, allow_device: bool = False,
+                 consumer_stream: int | None = None) -> tuple[dict, tuple]:
+        fast = self._seen(feeds)
+        if fast is not None:
+            return fast
+        valid = validate_feeds(self.specs, feeds, allow_device=allow_device, consumer_stream=consumer_stream)
+        key = tuple(tuple(int(d) for d in v.shape) for v in valid.values())
+        if len(self._passed) < self.LIMIT and all(isinstance(v, np.ndarray) for v in valid.values()):
+            self._passed.add(key)
+        return valid, key
+
+    def _seen(self, feeds) -> tuple[dict, tuple] | None:
+        """The fast answer, or None when anything differs from a combination that passed before."""
+        if type(feeds) is not dict or len(feeds) != len(self._dtypes):
+            return None
+        out = {}
+        for name, dtype in self._dtypes:
+            value = feeds.get(name)
+            if type(value) is not np.ndarray or value.dtype != dtype or not value.flags.c_contiguous:
+                return None
+            out[name] = value
+        key = tuple(v.shape for v in out.values())
+        return (out, key) if key in self._passed else None
+
+
 def _check_names(specs: Sequence[IOSpec], feeds: Mapping) -> None:
     wanted = [s.name for s in specs]
     takes = ", ".join(s.describe() for s in specs)

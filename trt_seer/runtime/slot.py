@@ -18,10 +18,45 @@ import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.base import CallGate, Model, Pending
 
 CACHE_LIMIT = 256  # output shapes kept per slot (one entry per input shape seen)
+ALIGN = 256  # bytes; each input's place in the staging buffer starts on such a boundary
 
 
 def nbytes(shape, dtype) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+class Region:
+    """One input's fixed place in a slot's staging buffer: numpy views of its pinned host bytes
+    (kept per shape and dtype) and the device address the engine reads it from."""
+
+    def __init__(self, staging: cuda.HostDeviceBuffer, offset: int, size: int):
+        self.offset, self.size = offset, size
+        self.device_ptr = staging.device_ptr + offset
+        self._bytes = staging.host_view((staging.nbytes,), np.uint8)[offset:offset + size]
+        self._views: dict[tuple, np.ndarray] = {}
+
+    def host_view(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        key = (shape, dtype)
+        view = self._views.get(key)
+        if view is None:
+            count = nbytes(shape, dtype)
+            if count > self.size:
+                raise ValueError(f"{list(shape)} {np.dtype(dtype).name} needs {count} bytes; the region holds {self.size}")
+            view = self._bytes[:count].view(dtype).reshape(shape)
+            if len(self._views) < cuda.VIEW_CACHE:
+                self._views[key] = view
+        return view
+
+
+def staging_regions(specs) -> tuple[cuda.HostDeviceBuffer, dict[str, Region]]:
+    """One pinned + device buffer holding every input at its largest shape, so one copy moves
+    all of a call's host inputs to the GPU; {input name: its Region}."""
+    offsets, end = {}, 0
+    for s in specs:
+        offsets[s.name] = (end, nbytes(s.max_shape, s.dtype))
+        end += -(-offsets[s.name][1] // ALIGN) * ALIGN
+    staging = cuda.HostDeviceBuffer(end)
+    return staging, {name: Region(staging, off, size) for name, (off, size) in offsets.items()}
 
 
 class Slot:
@@ -35,7 +70,7 @@ class Slot:
         self.stream = cuda.Stream()
         self.start, self.end = cuda.Event(), cuda.Event()
         self.done, self.ready = cuda.Event(timing=False), cuda.Event(timing=False)
-        self.inputs = {s.name: cuda.HostDeviceBuffer(nbytes(s.max_shape, s.dtype)) for s in model.inputs}
+        self.staging, self.inputs = staging_regions(model.inputs)
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.addresses: dict[str, int] = {}
         self.foreign: set[str] = set()  # tensors bound to caller memory, not this slot's buffers
@@ -92,7 +127,8 @@ class Slot:
             graph.close()
         self.graphs.clear()
         self.context = None
-        for buf in (*self.inputs.values(), *self.outputs.values()):
+        self.inputs = {}
+        for buf in (self.staging, *self.outputs.values()):
             buf.close()
         for owned in (self.start, self.end, self.done, self.ready, self.stream):
             owned.close()
@@ -118,6 +154,13 @@ class SlotPool(CallGate):
     def release(self, slot: Slot) -> None:
         with self.cond:
             self._free.append(slot)
+            self.cond.notify_all()
+
+    def release_and_leave(self, slot: Slot) -> None:
+        """`release(slot)` then `leave()`, under one lock."""
+        with self.cond:
+            self._free.append(slot)
+            self.inside -= 1
             self.cond.notify_all()
 
     def reenter(self) -> None:
