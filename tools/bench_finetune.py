@@ -1,6 +1,7 @@
-"""Fine-tuning speed by precision: FP32 (TF32 off), FP32 with TF32, AMP fp16, AMP bf16, for encoder
-classifiers (the default all-MiniLM-L6-v2, a BERT-base-sized random-init model) and causal LMs
-(random-init Llama shapes, `finetune --task causal-lm`).
+"""Fine-tuning speed by precision (FP32 with TF32 off, TF32, AMP fp16, AMP bf16) of classifiers and causal LMs.
+
+Encoder classifiers: the default all-MiniLM-L6-v2 and a BERT-base-sized random-init model; causal
+LMs: random-init Llama shapes, trained by `finetune --task causal-lm`.
 
     python tools/bench_finetune.py                      # GPU: table, appended to docs/BENCHMARKS.md
     python tools/bench_finetune.py --compile --batches 64,256
@@ -86,7 +87,8 @@ class Case:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="CPU smoke check: tiny random BERT, 6 steps")
+    p.add_argument("--quick", action="store_true", help="CPU smoke check: 6 steps of a tiny random model "
+                   "(BERT; --models llama-tiny: Llama)")
     p.add_argument("--models", default=None, help="comma list of default, bert-base, tiny (classifiers), "
                    "llama-tiny, llama-160m, llama-1b (causal LMs) (default: default,bert-base; --quick: tiny)")
     p.add_argument("--precisions", default=None, help="comma list of fp32, tf32, fp16, bf16 "
