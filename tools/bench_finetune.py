@@ -187,7 +187,7 @@ def lm_tokenizer(work: Path):
     return bpe_tokenizer(work / "bpe-tokenizer", LM_VOCAB)
 
 
-def model_dirs(names: list[str], work: Path, default_model: str | None, max_seq: int) -> dict[str, Model]:
+def model_dirs(names: list[str], work: Path, default_model: str | None, max_seq: int = 512) -> dict[str, Model]:
     default = Path(default_model) if default_model else None
     tokenizer = default or tokenizer_dir()
     made = {"default": lambda: Model(default or tokenizer_dir(), "text-classification"),
