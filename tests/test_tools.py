@@ -1,5 +1,7 @@
 """The benchmark tools' verdicts: what they print decides whether a target counts as met."""
 import importlib.util
+import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -115,6 +117,38 @@ def test_finetune_bench_repeats_report_the_median_run_and_its_spread():
     assert row["samples_per_s"] == 20.0 and row["spread"] == (10.0, 30.0)
     assert "20.0 (10-30, 3 runs)" in bench_finetune.table([row])
     assert bench_finetune.combine([{"model": "m", "error": "out of memory"}])["error"] == "out of memory"
+
+
+def test_finetune_bench_measures_a_causal_lm_at_every_precision_the_device_has(tmp_path, capsys):
+    import torch
+
+    bench_finetune = load_tool("bench_finetune")
+    out = tmp_path / "rows.json"
+    argv = ["--quick", "--models", "llama-tiny"]
+    assert bench_finetune.main([*argv, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    precisions = bench_finetune.supported_precisions(None, torch.cuda.is_available())
+    assert [(r["precision"], r["batch"]) for r in rows] == [(p, b) for b in (4, 8) for p in precisions]
+    for r in rows:
+        assert r["task"] == "causal-lm" and r["max_seq"] == 128 and r["samples_per_s"] > 0
+        assert r["mean_tokens"] == 128  # every document fills --max-seq: no padding
+        assert r["tokens_per_s"] == pytest.approx(r["samples_per_s"] * 128)
+        assert r["eval_perplexity"] == pytest.approx(math.exp(r["eval_loss"]))
+        assert 1 < r["eval_perplexity"] < 2 * bench_finetune.LM_VOCAB  # random init: about the vocabulary size
+        assert r["peak_memory_gib"] > 0 and r["params"] == 598336
+    printed = capsys.readouterr().out
+    assert "Fine-tuning throughput by precision, causal LM (llama-tiny)" in printed
+    assert "| peak memory GiB | eval loss | eval ppl | skipped |" in printed
+    title, intro = bench_finetune.speed_intro(rows, bench_finetune.parse_args(argv))
+    assert "tokens/s = samples/s x 128" in intro and "llama-tiny = hidden 64, 2 layers, 4 heads (2 KV)" in intro
+
+
+def test_finetune_bench_rejects_an_unknown_model_with_exit_2(capsys):
+    bench_finetune = load_tool("bench_finetune")
+    with pytest.raises(SystemExit) as e:
+        bench_finetune.parse_args(["--models", "llama-7b"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().startswith("bench_finetune: unknown model 'llama-7b'; choose from")
 
 
 def test_weight_only_probe_builds_every_form_and_compares_like_with_like():

@@ -1,15 +1,32 @@
-"""Fine-tuning speed by precision: FP32 (TF32 off), FP32 with TF32, AMP fp16, AMP bf16; two batch
-sizes; the default model (all-MiniLM-L6-v2) and a BERT-base-sized random-init model.
+"""Fine-tuning speed by precision (FP32 with TF32 off, TF32, AMP fp16, AMP bf16) of classifiers and causal LMs.
+
+Encoder classifiers: the default all-MiniLM-L6-v2 and a BERT-base-sized random-init model; causal
+LMs: random-init Llama shapes, trained by `finetune --task causal-lm`.
 
     python tools/bench_finetune.py                      # GPU: table, appended to docs/BENCHMARKS.md
     python tools/bench_finetune.py --compile --batches 64,256
+    python tools/bench_finetune.py --models llama-160m --batches 128 --max-seq 512   # GPU: causal LM
     python tools/bench_finetune.py --quick              # CPU smoke check: tiny model, a few steps
+    python tools/bench_finetune.py --quick --models llama-tiny    # CPU smoke check of the causal-LM path
     python tools/bench_finetune.py --accuracy           # GPU: FP32 vs AMP eval accuracy, full runs
 
-Each run is a short `trt_seer.finetune` run (--steps optimizer steps, one epoch) on texts made of
-4 same-topic lines of the embedded corpus (about 100 tokens each), evaluated on held-out lines.
-samples/s is the steady rate after --warmup-steps (compilation and autotuning excluded); peak
-memory is torch.cuda.max_memory_allocated (peak RSS on CPU). AdamW is fused on CUDA.
+Models (--models): text classification (4 labels): default (the embedded all-MiniLM-L6-v2, or
+--default-model), bert-base (random init, BERT-base shape), tiny (random init, 2 layers, hidden 64).
+Causal LM: llama-tiny (2 layers, hidden 64, 4 heads, 2 KV heads, intermediate 128), llama-160m
+(hidden 768, 12 layers, 12 heads, intermediate 2048), llama-1b (TinyLlama-1.1B shape: hidden 2048,
+22 layers, 32 heads, 4 KV heads, intermediate 5632); all random init, with the byte-level BPE
+tokenizer of tools/quality_generate.py (4096 tokens, trained on calib/default.txt), so their
+embeddings and LM head are smaller than with a 32K vocabulary.
+
+Each run is a short `trt_seer.finetune` run (--steps optimizer steps, one epoch). Classifiers train
+on texts made of 4 same-topic lines of the embedded corpus (about 100 tokens each), evaluated on
+held-out lines. Causal LMs train on documents of same-topic lines of the embedded corpus joined
+until they exceed --max-seq tokens, so every sequence is exactly --max-seq tokens (truncated, no
+padding) and tokens/s = samples/s x --max-seq; they are evaluated (loss, perplexity) on 256
+documents made the same way from held-out lines. samples/s (sequences/s for LMs) is the steady rate
+after --warmup-steps (compilation and autotuning excluded); peak memory is
+torch.cuda.max_memory_allocated (peak RSS on CPU). AdamW is fused on CUDA. Each task gets its own
+table (and section in docs/BENCHMARKS.md).
 
 --accuracy instead runs what `trt-seer finetune` does by default (the default model, the embedded
 topics corpus, 3 epochs, batch 32) once per precision and seed, and compares the final eval
@@ -30,10 +47,34 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))  # quality_generate's BPE tokenizer (imported when an LM needs it)
 PRECISIONS = {  # name -> (amp mode, TF32 matmuls)
     "fp32": ("off", False), "tf32": ("off", True), "fp16": ("fp16", False), "bf16": ("bf16", False)}
 BERT_BASE = {}  # transformers.BertConfig() defaults are BERT-base: 768 hidden, 12 layers, 12 heads
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+LLAMAS = {  # random-init LlamaForCausalLM shapes; the vocabulary is the BPE tokenizer's
+    "llama-tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                   "intermediate_size": 128},
+    "llama-160m": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 2048},
+    "llama-1b": {"hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
+                 "intermediate_size": 5632}}
+CLASSIFIERS = ("default", "bert-base", "tiny")
+LM_VOCAB = 4096  # the BPE tokenizer's size (tools/quality_generate.py's)
+EVAL_EXAMPLES = 256
+TASK_DEFAULTS = {  # --batches, --max-seq when not given
+    "text-classification": ("64,256", 128), "causal-lm": ("128", 512)}  # 128 x 512 = 64K tokens per step
+QUICK_DEFAULTS = ("4,8", 128)
+
+
+def task_of(model: str) -> str:
+    return "causal-lm" if model in LLAMAS else "text-classification"
+
+
+@dataclass(frozen=True)
+class Model:
+    path: Path
+    task: str
+    params: int | None = None  # parameter count (random-init models)
 
 
 @dataclass(frozen=True)
@@ -46,15 +87,19 @@ class Case:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="CPU smoke check: tiny random BERT, 6 steps")
-    p.add_argument("--models", default=None, help="comma list of default, bert-base, tiny "
-                   "(default: default,bert-base; --quick: tiny)")
+    p.add_argument("--quick", action="store_true", help="CPU smoke check: 6 steps of a tiny random model "
+                   "(BERT; --models llama-tiny: Llama)")
+    p.add_argument("--models", default=None, help="comma list of default, bert-base, tiny (classifiers), "
+                   "llama-tiny, llama-160m, llama-1b (causal LMs) (default: default,bert-base; --quick: tiny)")
     p.add_argument("--precisions", default=None, help="comma list of fp32, tf32, fp16, bf16 "
                    "(default: all the device supports)")
-    p.add_argument("--batches", default=None, help="micro-batch sizes (default: 64,256; --quick: 4,8)")
+    p.add_argument("--batches", default=None,
+                   help="micro-batch sizes (default: 64,256 for classifiers, 128 for causal LMs; --quick: 4,8)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: 80; --quick: 6)")
     p.add_argument("--warmup-steps", type=int, default=None, help="steps left out of samples/s (default: 20; --quick: 2)")
-    p.add_argument("--max-seq", type=int, default=128, help="token limit (default: 128)")
+    p.add_argument("--max-seq", type=int, default=None,
+                   help="token limit; causal LMs: every sequence's length "
+                        "(default: 128 for classifiers, 512 for causal LMs; --quick: 128)")
     p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default: 1e-4)")
     p.add_argument("--compile", action="store_true", help="torch.compile every run")
     p.add_argument("--repeats", type=int, default=1,
@@ -65,24 +110,38 @@ def parse_args(argv=None):
                    help="append the table to docs/BENCHMARKS.md (default: yes, except with --quick)")
     p.add_argument("--json", metavar="FILE", default=None, help="also write every run's numbers here")
     p.add_argument("--accuracy", action="store_true",
-                   help="full default fine-tunes per precision and seed; eval accuracy vs fp32")
+                   help="full default fine-tunes per precision and seed; eval accuracy vs fp32 "
+                        "(the default classifier; --models is ignored)")
     p.add_argument("--seeds", default="0,1,2", help="--accuracy: seeds of the new head and data order (default: 0,1,2)")
     args = p.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",")]
     q = args.quick
     args.models = (args.models or ("tiny" if q else "default,bert-base")).split(",")
-    args.batches = [int(b) for b in (args.batches or ("4,8" if q else "64,256")).split(",")]
+    unknown = [m for m in args.models if m not in CLASSIFIERS and m not in LLAMAS]
+    if unknown:
+        fail(f"unknown model {unknown[0]!r}; choose from {', '.join((*CLASSIFIERS, *LLAMAS))}")
+    args.task_batches, args.task_seq = {}, {}
+    for task, (batches, seq) in TASK_DEFAULTS.items():
+        batches, seq = QUICK_DEFAULTS if q else (batches, seq)
+        args.task_batches[task] = [int(b) for b in (args.batches or batches).split(",")]
+        args.task_seq[task] = args.max_seq or seq
     args.steps = args.steps or (6 if q else 80)
     args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (2 if q else 20)
     args.append = (not q) if args.append is None else args.append
     return args
 
 
+def fail(message: str):
+    """Bad input: one line on stderr, exit status 2."""
+    print(f"bench_finetune: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def supported_precisions(requested: str | None, cuda: bool) -> list[str]:
     names = requested.split(",") if requested else list(PRECISIONS)
     unknown = [n for n in names if n not in PRECISIONS]
     if unknown:
-        sys.exit(f"bench_finetune: unknown precision {unknown[0]!r}; choose from {', '.join(PRECISIONS)}")
+        fail(f"unknown precision {unknown[0]!r}; choose from {', '.join(PRECISIONS)}")
     if cuda:
         return names
     return [n for n in names if n in ("fp32", "bf16")]  # fp16 needs CUDA; TF32 is a GPU mode
@@ -94,27 +153,61 @@ def tokenizer_dir() -> Path:
     return default_checkpoint()
 
 
-def random_bert(dest: Path, sizes: dict, tokenizer_from: Path) -> Path:
+def random_bert(dest: Path, sizes: dict, tokenizer_from: Path) -> Model:
     """A random-init BertForSequenceClassification (4 labels) with the default model's tokenizer."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
-    BertForSequenceClassification(BertConfig(num_labels=4, **sizes)).save_pretrained(str(dest))
+    model = BertForSequenceClassification(BertConfig(num_labels=4, **sizes))
+    model.save_pretrained(str(dest))
     AutoTokenizer.from_pretrained(str(tokenizer_from)).save_pretrained(str(dest))
-    return dest
+    return Model(dest, "text-classification", model.num_parameters())
 
 
-def model_dirs(names: list[str], work: Path, default_model: str | None) -> dict[str, Path]:
+def random_llama(dest: Path, sizes: dict, tokenizer, max_seq: int) -> Model:
+    """A random-init LlamaForCausalLM of `sizes` with `tokenizer` (its vocabulary, BOS/EOS/pad)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=max(2048, max_seq),
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, **sizes)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(str(dest))
+    tokenizer.save_pretrained(str(dest))
+    return Model(dest, "causal-lm", model.num_parameters())
+
+
+def lm_tokenizer(work: Path):
+    """The BPE tokenizer tools/quality_generate.py trains (LM_VOCAB tokens, calib/default.txt)."""
+    from quality_generate import bpe_tokenizer
+
+    return bpe_tokenizer(work / "bpe-tokenizer", LM_VOCAB)
+
+
+def model_dirs(names: list[str], work: Path, default_model: str | None, max_seq: int = 512) -> dict[str, Model]:
     default = Path(default_model) if default_model else None
     tokenizer = default or tokenizer_dir()
-    made = {"default": lambda: default or tokenizer_dir(),
+    made = {"default": lambda: Model(default or tokenizer_dir(), "text-classification"),
             "bert-base": lambda: random_bert(work / "bert-base", BERT_BASE, tokenizer),
             "tiny": lambda: random_bert(work / "tiny", TINY, tokenizer)}
-    unknown = [n for n in names if n not in made]
-    if unknown:
-        sys.exit(f"bench_finetune: unknown model {unknown[0]!r}; choose from {', '.join(made)}")
+    bpe = lm_tokenizer(work) if any(n in LLAMAS for n in names) else None
+    made.update({n: (lambda n=n: random_llama(work / n, LLAMAS[n], bpe, max_seq)) for n in LLAMAS})
     return {n: made[n]() for n in names}
+
+
+def by_topic(examples) -> dict[str, list[str]]:
+    topics = {}
+    for e in examples:
+        topics.setdefault(e.label, []).append(e.text)
+    return topics
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 def write_data(work: Path, examples_needed: int) -> tuple[Path, Path]:
@@ -123,19 +216,41 @@ def write_data(work: Path, examples_needed: int) -> tuple[Path, Path]:
 
     train, evaluation = topics_examples()
     paths = []
-    for name, pool, count in (("train", train, examples_needed), ("eval", evaluation, 256)):
-        rng, by_topic = random.Random(name), {}
-        for e in pool:
-            by_topic.setdefault(e.label, []).append(e.text)
-        topics = sorted(by_topic)
+    for name, pool, count in (("train", train, examples_needed), ("eval", evaluation, EVAL_EXAMPLES)):
+        rng, topics = random.Random(name), by_topic(pool)
         rows = []
         for _ in range(count):
-            topic = rng.choice(topics)
-            rows.append({"text": " ".join(rng.choices(by_topic[topic], k=4)), "label": topic})
-        path = work / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        paths.append(path)
+            topic = rng.choice(sorted(topics))
+            rows.append({"text": " ".join(rng.choices(topics[topic], k=4)), "label": topic})
+        paths.append(write_jsonl(work / f"{name}.jsonl", rows))
     return paths[0], paths[1]
+
+
+def write_documents(work: Path, documents_needed: int, tokenizer, max_seq: int) -> tuple[Path, Path]:
+    """Train/eval JSONL of causal-LM documents ({"text": ...}, what `finetune --task causal-lm
+    --train` reads): same-topic lines of the embedded corpus joined until the document is longer
+    than `max_seq` tokens with room to spare, so each is truncated to exactly `max_seq`."""
+    from trt_seer.finetune.data import topics_examples
+
+    train, evaluation = topics_examples()
+    paths = []
+    for name, pool, count in (("train", train, documents_needed), ("eval", evaluation, EVAL_EXAMPLES)):
+        rng, topics = random.Random(name), by_topic(pool)
+        texts = [e.text for e in pool]
+        tokens = dict(zip(texts, map(len, tokenizer(texts, add_special_tokens=False)["input_ids"])))
+        rows = [{"text": document(rng, topics[rng.choice(sorted(topics))], tokens, max_seq)} for _ in range(count)]
+        paths.append(write_jsonl(work / f"lm-{name}.jsonl", rows))
+    return paths[0], paths[1]
+
+
+def document(rng: random.Random, lines: list[str], tokens: dict[str, int], max_seq: int) -> str:
+    """Random lines of one topic, joined until their tokens (counted line by line) pass
+    1.1 x max_seq + 8: joining changes a line's first token at most, so the text fills max_seq."""
+    picked, total = [], 0
+    while total <= 1.1 * max_seq + 8:
+        picked.append(rng.choice(lines))
+        total += tokens[picked[-1]]
+    return " ".join(picked)
 
 
 def set_tf32(enabled: bool) -> None:
@@ -164,20 +279,23 @@ def train_once(spec, tf32: bool):
     return json.loads((spec.out / "training.json").read_text())
 
 
-def run_case(case: Case, model: Path, data: tuple[Path, Path], work: Path, args) -> dict:
+def run_case(case: Case, model: Model, data: tuple[Path, Path], work: Path, args) -> dict:
+    """One short fine-tune of `model` for its task (text-classification or causal-lm)."""
     from trt_seer.finetune import AmpSpec, DataSpec, FinetuneSpec
     from trt_seer.finetune.monitor import read_metrics
 
     amp, tf32 = PRECISIONS[case.precision]
     out = work / "runs" / f"{case.model}-{case.precision}-{case.batch}"
-    spec = FinetuneSpec(out=out, model=model, data=DataSpec(*data, max_seq=args.max_seq),
+    seq = args.task_seq[model.task]
+    spec = FinetuneSpec(out=out, model=model.path, task=model.task, data=DataSpec(*data, max_seq=seq),
                         amp=AmpSpec(amp), batch=case.batch, epochs=1, max_steps=args.steps, lr=args.lr,
                         compile=args.compile, device="auto")
+    facts = {**case.__dict__, "task": model.task, "params": model.params, "max_seq": seq}
     record = train_once(spec, tf32)
     if record is None:
-        return {**case.__dict__, "error": "out of memory"}
+        return {**facts, "error": "out of memory"}
     steps = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "step"]
-    return {**case.__dict__, **steady_rate(steps, args.warmup_steps), **summary(record)}
+    return {**facts, **steady_rate(steps, args.warmup_steps), **summary(record)}
 
 
 def accuracy_case(precision: str, seed: int, model: Path, work: Path, args) -> dict:
@@ -187,7 +305,7 @@ def accuracy_case(precision: str, seed: int, model: Path, work: Path, args) -> d
     amp, tf32 = PRECISIONS[precision]
     quick = {"epochs": 1, "max_steps": args.steps} if args.quick else {}
     spec = FinetuneSpec(out=work / "accuracy" / f"{precision}-{seed}", model=model,
-                        data=DataSpec(max_seq=args.max_seq), amp=AmpSpec(amp), seed=seed,
+                        data=DataSpec(max_seq=args.task_seq["text-classification"]), amp=AmpSpec(amp), seed=seed,
                         compile=args.compile, device="auto", **quick)
     record = train_once(spec, tf32)
     if record is None:
@@ -210,30 +328,40 @@ def steady_rate(steps: list[dict], warmup: int) -> dict:
             "mean_tokens": sum(r["tokens"] for r in timed) / sum(r["examples"] for r in timed)}
 
 
+EVAL_METRICS = ("eval_loss", "eval_accuracy", "eval_perplexity")  # those the task reports
+
+
 def summary(record: dict) -> dict:
     epoch = record["metrics"]["epochs"][-1]
     return {"peak_memory_gib": epoch["peak_memory_bytes"] / 2**30, "memory_kind": epoch["peak_memory_kind"],
-            "eval_accuracy": epoch["eval_accuracy"], "train_loss": epoch["train_loss"],
+            **{k: epoch[k] for k in EVAL_METRICS if k in epoch}, "train_loss": epoch["train_loss"],
             "skipped_steps": record["metrics"]["skipped_steps"], "hardware": record["hardware"]}
 
 
 def table(rows: list[dict]) -> str:
-    base = {(r["model"], r["batch"]): r["samples_per_s"] for r in rows
-            if r["precision"] == "fp32" and "error" not in r}
-    lines = ["| model | precision | batch | samples/s | tokens/s | vs fp32 | peak memory GiB | eval acc | skipped |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    """One task's rows: rates with their spread over repeats, speed-ups vs fp32 and tf32 of the same
+    model and batch, peak memory and the task's eval metric (accuracy, or loss and perplexity)."""
+    lm = any(r.get("task") == "causal-lm" for r in rows)
+    base = {p: {(r["model"], r["batch"]): r["samples_per_s"] for r in rows if r["precision"] == p and "error" not in r}
+            for p in ("fp32", "tf32")}
+    evals = ("eval loss", "eval ppl") if lm else ("eval acc",)
+    lines = ["| model | precision | batch | samples/s | tokens/s | vs fp32 | vs tf32 | peak memory GiB | "
+             + " | ".join(evals) + " | skipped |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | " + " | ".join(["---:"] * len(evals)) + " | ---: |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {r['error']} | | | | | |")
+            lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {r['error']} |" + " |" * (5 + len(evals)))
             continue
-        ref = base.get((r["model"], r["batch"]))
-        speedup = f"{r['samples_per_s'] / ref:.2f}x" if ref else "-"
+        speedups = []
+        for p in ("fp32", "tf32"):
+            ref = base[p].get((r["model"], r["batch"]))
+            speedups.append(f"{r['samples_per_s'] / ref:.2f}x" if ref else "-")
         rate = f"{r['samples_per_s']:.1f}"
         if len(r.get("runs_samples_per_s", [])) > 1:
             rate += f" ({r['spread'][0]:.0f}-{r['spread'][1]:.0f}, {len(r['runs_samples_per_s'])} runs)"
-        lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {rate} | "
-                     f"{r['tokens_per_s']:.0f} | {speedup} | {r['peak_memory_gib']:.2f} | "
-                     f"{r['eval_accuracy']:.3f} | {r['skipped_steps']} |")
+        metric = (f"{r['eval_loss']:.3f} | {r['eval_perplexity']:.1f}" if lm else f"{r['eval_accuracy']:.3f}")
+        lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {rate} | {r['tokens_per_s']:.0f} | "
+                     f"{' | '.join(speedups)} | {r['peak_memory_gib']:.2f} | {metric} | {r['skipped_steps']} |")
     return "\n".join(lines)
 
 
@@ -272,14 +400,37 @@ def accuracy_table(rows: list[dict]) -> str:
 
 
 def speed_intro(rows: list[dict], args) -> tuple[str, str]:
+    """The title and note of one task's throughput table."""
     timed = [r for r in rows if "mean_tokens" in r]
     mean_tokens = sum(r["mean_tokens"] for r in timed) / max(1, len(timed))
-    return ("Fine-tuning throughput by precision",
-            f"Each row is {'the median of ' + str(args.repeats) + ' short runs (min-max in brackets, run round-robin)' if args.repeats > 1 else 'one short run'}: {args.steps} optimizer steps, samples/s "
-            f"over the last {args.steps - args.warmup_steps - 1}; about {mean_tokens:.0f} tokens per example "
-            f"(max {args.max_seq}); fused AdamW on CUDA; torch.compile {'on' if args.compile else 'off'}. "
-            f"Peak memory is torch.cuda.max_memory_allocated (peak RSS on CPU). Eval accuracy is after "
-            f"those few steps: random-init models stay near chance (0.25).")
+    models = ", ".join(dict.fromkeys(r["model"] for r in rows))
+    runs = (f"the median of {args.repeats} short runs (min-max in brackets, run round-robin)"
+            if args.repeats > 1 else "one short run")
+    common = (f"Each row is {runs}: {args.steps} optimizer steps, samples/s over the last "
+              f"{args.steps - args.warmup_steps - 1}; fused AdamW on CUDA; torch.compile "
+              f"{'on' if args.compile else 'off'}; 'vs fp32' / 'vs tf32' compare samples/s with the same model "
+              f"and batch. Peak memory is torch.cuda.max_memory_allocated (peak RSS on CPU).")
+    if rows[0]["task"] == "causal-lm":
+        seq = args.task_seq["causal-lm"]
+        shapes = "; ".join(llama_shape(r["model"], r["params"]) for r in dict((r["model"], r) for r in rows).values())
+        return (f"Fine-tuning throughput by precision, causal LM ({models})",
+                f"{common} Random-init Llama models (`finetune --task causal-lm`): {shapes}; vocabulary: the "
+                f"{LM_VOCAB}-token byte-level BPE tokenizer trained on calib/default.txt (tools/quality_generate.py), "
+                f"so embeddings and LM head are smaller than with a 32K vocabulary. samples/s counts sequences: "
+                f"each is {seq} tokens of a document of same-topic lines of the embedded corpus (truncated, no "
+                f"padding; measured {mean_tokens:.0f} tokens per sequence), so tokens/s = samples/s x {seq}. "
+                f"Eval loss and perplexity are on {EVAL_EXAMPLES} held-out documents after those few steps: a random-init "
+                f"model starts near perplexity {LM_VOCAB}.")
+    return (f"Fine-tuning throughput by precision, text classification ({models})",
+            f"{common} About {mean_tokens:.0f} tokens per example (max {args.task_seq['text-classification']}). "
+            f"Eval accuracy is after those few steps: random-init models stay near chance (0.25).")
+
+
+def llama_shape(name: str, params: int | None) -> str:
+    s = LLAMAS[name]
+    kv = s.get("num_key_value_heads", s["num_attention_heads"])
+    return (f"{name} = hidden {s['hidden_size']}, {s['num_hidden_layers']} layers, {s['num_attention_heads']} heads "
+            f"({kv} KV), intermediate {s['intermediate_size']}, {params / 1e6:.1f}M parameters")
 
 
 def accuracy_intro(rows: list[dict], args) -> tuple[str, str]:
@@ -305,16 +456,35 @@ def append_report(title: str, intro: str, text: str, rows: list[dict], tool: str
 def speed_rows(args, precisions: list[str], work: Path) -> list[dict]:
     """One row per case; with --repeats the cases run round-robin (repeat 1 of every case, then
     repeat 2, ...) so a drift of the machine spreads over all cases, and each row keeps every run."""
-    models = model_dirs(args.models, work, args.default_model)
-    data = write_data(work, args.steps * max(args.batches) + max(args.batches))
-    cases = [(Case(name, precision, batch), path) for name, path in models.items()
-             for batch in args.batches for precision in precisions]
+    models = model_dirs(args.models, work, args.default_model, args.task_seq["causal-lm"])
+    data = task_data(models, work, args)
+    cases = [(Case(name, precision, batch), model) for name, model in models.items()
+             for batch in args.task_batches[model.task] for precision in precisions]
     runs = {case: [] for case, _ in cases}
     for _ in range(max(1, args.repeats)):
-        for case, path in cases:
-            runs[case].append(run_case(case, path, data, work, args))
+        for case, model in cases:
+            runs[case].append(run_case(case, model, data[model.task], work, args))
             print(json.dumps({k: v for k, v in runs[case][-1].items() if k != "hardware"}), flush=True)
     return [combine(r) for r in runs.values()]
+
+
+def task_data(models: dict[str, Model], work: Path, args) -> dict[str, tuple[Path, Path]]:
+    """Train/eval files for each task among `models`: enough training examples for the largest batch."""
+    data = {}
+    for task in dict.fromkeys(m.task for m in models.values()):
+        needed = (args.steps + 1) * max(args.task_batches[task])
+        if task == "causal-lm":
+            tokenizer = lm_tokenizer_of(next(m for m in models.values() if m.task == task))
+            data[task] = write_documents(work, needed, tokenizer, args.task_seq[task])
+        else:
+            data[task] = write_data(work, needed)
+    return data
+
+
+def lm_tokenizer_of(model: Model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model.path))
 
 
 def combine(runs: list[dict]) -> dict:
@@ -343,14 +513,23 @@ def main(argv=None) -> int:
     precisions = supported_precisions(args.precisions, torch.cuda.is_available())
     with tempfile.TemporaryDirectory(prefix="bench-finetune-") as tmp:
         rows = (accuracy_rows if args.accuracy else speed_rows)(args, precisions, Path(tmp))
-    text = (accuracy_table if args.accuracy else table)(rows)
-    print(f"\n{machine(rows)}\n{text}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
-    if args.append:
-        title, intro = (accuracy_intro if args.accuracy else speed_intro)(rows, args)
-        print(f"appended to {append_report(title, intro, text, rows)}")
+    for part in ([rows] if args.accuracy else by_task(rows)):
+        text = (accuracy_table if args.accuracy else table)(part)
+        title, intro = (accuracy_intro if args.accuracy else speed_intro)(part, args)
+        print(f"\n{title}\n{machine(part)}\n{text}")
+        if args.append:
+            print(f"appended to {append_report(title, intro, text, part)}")
     return 0
+
+
+def by_task(rows: list[dict]) -> list[list[dict]]:
+    """The rows split by task (in the order the tasks first appear): one table each."""
+    tasks = {}
+    for r in rows:
+        tasks.setdefault(r["task"], []).append(r)
+    return list(tasks.values())
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-zero1-") as tmp:
         work = Path(tmp)
-        model = bench_finetune.model_dirs([args.model], work, args.default_model)[args.model]
+        model = bench_finetune.model_dirs([args.model], work, args.default_model)[args.model].path
         data = bench_finetune.write_data(work, (args.steps + 1) * args.batch * args.nproc)
         for mode in MODES:
             out = work / "runs" / mode

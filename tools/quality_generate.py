@@ -29,22 +29,33 @@ def initial_checkpoint(dest: Path) -> Path:
     """Random-init small Llama + a byte-level BPE tokenizer trained on calib/default.txt."""
     import torch
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     if (dest / "config.json").is_file():
         return dest
-    corpus = [t for t in (ROOT / "calib" / "default.txt").read_text().splitlines() if t.strip()]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=SMALL["vocab_size"],
-                                                        special_tokens=["<unk>", "<s>", "</s>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                         pad_token="</s>").save_pretrained(str(dest))
+    bpe_tokenizer(dest, SMALL["vocab_size"])
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL)).save_pretrained(str(dest))
     return dest
+
+
+def bpe_tokenizer(dest: Path, vocab_size: int = 4096):
+    """A byte-level BPE tokenizer of `vocab_size` tokens trained on calib/default.txt, saved in `dest`
+    as a Hugging Face fast tokenizer: <unk> 0, <s> 1 (prepended to every text), </s> 2 (EOS and pad).
+    Returns it (a transformers.PreTrainedTokenizerFast)."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    corpus = [t for t in (ROOT / "calib" / "default.txt").read_text().splitlines() if t.strip()]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size,
+                                                        special_tokens=["<unk>", "<s>", "</s>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                                eos_token="</s>", pad_token="</s>")
+    fast.save_pretrained(str(dest))
+    return fast
 
 
 def cli(*argv: str) -> None:
