@@ -124,12 +124,15 @@ def test_finetune_bench_measures_a_causal_lm_at_every_precision_the_device_has(t
 
     bench_finetune = load_tool("bench_finetune")
     out = tmp_path / "rows.json"
-    argv = ["--quick", "--models", "llama-tiny"]
+    argv = ["--quick", "--models", "llama-tiny", "--batches", "4", "--warmup-runs", "1"]
     assert bench_finetune.main([*argv, "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     precisions = bench_finetune.supported_precisions(None, torch.cuda.is_available())
-    assert [(r["precision"], r["batch"]) for r in rows] == [(p, b) for b in (4, 8) for p in precisions]
+    assert [(r["precision"], r["batch"]) for r in rows] == [(p, 4) for p in precisions]
+    args = bench_finetune.parse_args(argv)
     for r in rows:
+        assert len(r["step_ms"]) == args.steps - args.warmup_steps - 1 and min(r["step_ms"]) > 0
+        assert r["samples_per_s"] == pytest.approx(4 * len(r["step_ms"]) / (sum(r["step_ms"]) / 1000))
         assert r["task"] == "causal-lm" and r["max_seq"] == 128 and r["samples_per_s"] > 0
         assert r["mean_tokens"] == 128  # every document fills --max-seq: no padding
         assert r["tokens_per_s"] == pytest.approx(r["samples_per_s"] * 128)
@@ -137,9 +140,11 @@ def test_finetune_bench_measures_a_causal_lm_at_every_precision_the_device_has(t
         assert 1 < r["eval_perplexity"] < 2 * bench_finetune.LM_VOCAB  # random init: about the vocabulary size
         assert r["peak_memory_gib"] > 0 and r["params"] == 598336
     printed = capsys.readouterr().out
+    assert printed.count('"warmup_run"') == len(precisions)  # one unmeasured run per case, first
     assert "Fine-tuning throughput by precision, causal LM (llama-tiny)" in printed
     assert "| peak memory GiB | eval loss | eval ppl | skipped |" in printed
-    title, intro = bench_finetune.speed_intro(rows, bench_finetune.parse_args(argv))
+    title, intro = bench_finetune.speed_intro(rows, args)
+    assert "after 1 unmeasured run(s) of every case" in intro
     assert "tokens/s = samples/s x 128" in intro and "llama-tiny = hidden 64, 2 layers, 4 heads (2 KV)" in intro
 
 

@@ -102,6 +102,9 @@ def parse_args(argv=None):
                         "(default: 128 for classifiers, 512 for causal LMs; --quick: 128)")
     p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default: 1e-4)")
     p.add_argument("--compile", action="store_true", help="torch.compile every run")
+    p.add_argument("--warmup-runs", type=int, default=0,
+                   help="unmeasured runs of each case before the measured ones (a process's first run "
+                        "of a precision pays one-off costs such as loading its kernels) (default: 0)")
     p.add_argument("--repeats", type=int, default=1,
                    help="runs per case; the table shows the median samples/s and the min-max spread (default: 1)")
     p.add_argument("--default-model", metavar="DIR", default=None,
@@ -323,7 +326,8 @@ def steady_rate(steps: list[dict], warmup: int) -> dict:
     first, last = steps[warmup], steps[-1]
     seconds = last["elapsed_s"] - first["elapsed_s"]
     timed = steps[warmup + 1:]
-    return {"samples_per_s": sum(r["examples"] for r in timed) / seconds,
+    step_ms = [1000.0 * (b["elapsed_s"] - a["elapsed_s"]) for a, b in zip(steps[warmup:], timed)]
+    return {"samples_per_s": sum(r["examples"] for r in timed) / seconds, "step_ms": step_ms,
             "tokens_per_s": sum(r["tokens"] for r in timed) / seconds,
             "mean_tokens": sum(r["tokens"] for r in timed) / sum(r["examples"] for r in timed)}
 
@@ -406,6 +410,8 @@ def speed_intro(rows: list[dict], args) -> tuple[str, str]:
     models = ", ".join(dict.fromkeys(r["model"] for r in rows))
     runs = (f"the median of {args.repeats} short runs (min-max in brackets, run round-robin)"
             if args.repeats > 1 else "one short run")
+    if args.warmup_runs:
+        runs += f", after {args.warmup_runs} unmeasured run(s) of every case"
     common = (f"Each row is {runs}: {args.steps} optimizer steps, samples/s over the last "
               f"{args.steps - args.warmup_steps - 1}; fused AdamW on CUDA; torch.compile "
               f"{'on' if args.compile else 'off'}; 'vs fp32' / 'vs tf32' compare samples/s with the same model "
@@ -461,6 +467,10 @@ def speed_rows(args, precisions: list[str], work: Path) -> list[dict]:
     cases = [(Case(name, precision, batch), model) for name, model in models.items()
              for batch in args.task_batches[model.task] for precision in precisions]
     runs = {case: [] for case, _ in cases}
+    for _ in range(args.warmup_runs):
+        for case, model in cases:
+            print(json.dumps({"warmup_run": case.__dict__, "samples_per_s":
+                              run_case(case, model, data[model.task], work, args).get("samples_per_s")}), flush=True)
     for _ in range(max(1, args.repeats)):
         for case, model in cases:
             runs[case].append(run_case(case, model, data[model.task], work, args))
