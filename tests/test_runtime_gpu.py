@@ -307,6 +307,21 @@ def test_cuda_graphs_are_on_by_default_and_right_across_shape_switches(engines):
 
 
 @needs_trt
+def test_untimed_calls_return_the_same_and_leave_no_gpu_time(engines):
+    """time_gpu=False drops the events around the engine; the same feeds (staged in one copy, then
+    the remembered-shape path on the second call) give the same outputs."""
+    ckpt, out = engines
+    path = out / "tinybert.fp16.engine"
+    with load(path, backend="tensorrt") as timed, load(path, backend="tensorrt", time_gpu=False) as fast:
+        for i, (b, s) in enumerate([(3, 12), (3, 12), (1, 32)]):
+            feeds = feeds_for(ckpt, b, s, seed=40 + i)
+            want, got = timed.infer(feeds), fast.infer(feeds, outputs=["sentence_embedding"])
+            assert list(got) == ["sentence_embedding"]
+            assert_close(got["sentence_embedding"], want["sentence_embedding"], 2e-3, f"call {i} ({b}x{s})")
+            assert timed.last_gpu_ms > 0 and fast.last_gpu_ms is None
+
+
+@needs_trt
 def test_outputs_selection_copies_back_only_what_is_named(engines):
     ckpt, out = engines
     feeds = feeds_for(ckpt, 4, 16, seed=21)

@@ -50,6 +50,8 @@ class EngineOptions:
     use_cuda_graph: bool | None = None
     max_graphs: int = 32  # captured shapes kept per context (least recently used dropped)
     runtime_cache: str | Path | None = "auto"
+    # CUDA events around the engine give `last_gpu_ms`; False skips the two event records per call.
+    time_gpu: bool = True
     verbose: bool = False
 
     def __post_init__(self):
@@ -232,9 +234,9 @@ class TensorRTModel(Model):
         slot = self._pool.acquire()
         handle = slot.stream.handle
         try:
-            results, _ = self._start(slot, feeds, selected, out, device_outputs, handle)
-            slot.done.synchronize()
-            self.last_gpu_ms = slot.end.elapsed_ms(slot.start)
+            results, _ = self._start(slot, feeds, selected, out, device_outputs, handle, done_event=False)
+            slot.stream.synchronize()
+            self.last_gpu_ms = slot.end.elapsed_ms(slot.start) if self.options.time_gpu else None
             values = {name: value.copy() if copy else value for name, value, copy in results}
         except BaseException:
             self._release_after_sync(slot, handle)
@@ -242,11 +244,16 @@ class TensorRTModel(Model):
         self._pool.release_and_leave(slot)
         return values
 
-    def _start(self, slot: Slot, feeds, selected: tuple, out, device_outputs: bool, handle) -> tuple[list, tuple]:
-        """Checks the call and enqueues it on `handle`; (results, what must stay alive until done)."""
+    def _start(self, slot: Slot, feeds, selected: tuple, out, device_outputs: bool, handle,
+               done_event: bool = True) -> tuple[list, tuple]:
+        """Checks the call and enqueues it on `handle`; (results, what must stay alive until done).
+        `done_event`: record `slot.done` after the work (a caller that syncs the slot's own stream
+        needs none)."""
         valid, key = self._check_feeds(feeds, allow_device=True, consumer_stream=int(handle))
         buffers = validate_out(selected, out, allow_device=True, consumer_stream=int(handle))
         results = self._enqueue(slot, valid, key, _Call(selected, buffers, device_outputs), handle)
+        if done_event:
+            slot.done.record(handle)
         return results, (valid, buffers)
 
     def _release_after_sync(self, slot: Slot, stream) -> None:
@@ -263,13 +270,14 @@ class TensorRTModel(Model):
         self._stage_inputs(slot, feeds, stream)
         if views or slot.foreign:  # else every output is bound to the slot's own buffer already
             self._bind_outputs(slot, views, stream)
-        slot.start.record(stream)
+        timed = self.options.time_gpu
+        if timed:
+            slot.start.record(stream)
         self._execute(slot, key, stream)
-        slot.end.record(stream)
-        results = [self._result(slot, spec, out_shapes[spec.name], views.get(spec.name), call, stream)
-                   for spec in call.outputs]
-        slot.done.record(stream)
-        return results
+        if timed:
+            slot.end.record(stream)
+        return [self._result(slot, spec, out_shapes[spec.name], views.get(spec.name), call, stream)
+                for spec in call.outputs]
 
     def _stage_inputs(self, slot: Slot, feeds: dict, stream) -> None:
         """Binds every input: host arrays go to their place in the slot's staging buffer and move
