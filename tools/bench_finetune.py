@@ -192,10 +192,13 @@ def lm_tokenizer(work: Path):
 
 def model_dirs(names: list[str], work: Path, default_model: str | None, max_seq: int = 512) -> dict[str, Model]:
     default = Path(default_model) if default_model else None
-    tokenizer = default or tokenizer_dir()
-    made = {"default": lambda: Model(default or tokenizer_dir(), "text-classification"),
-            "bert-base": lambda: random_bert(work / "bert-base", BERT_BASE, tokenizer),
-            "tiny": lambda: random_bert(work / "tiny", TINY, tokenizer)}
+
+    def tokenizer() -> Path:  # the encoders' (the default model's), looked up only if one is asked for
+        return default or tokenizer_dir()
+
+    made = {"default": lambda: Model(tokenizer(), "text-classification"),
+            "bert-base": lambda: random_bert(work / "bert-base", BERT_BASE, tokenizer()),
+            "tiny": lambda: random_bert(work / "tiny", TINY, tokenizer())}
     bpe = lm_tokenizer(work) if any(n in LLAMAS for n in names) else None
     made.update({n: (lambda n=n: random_llama(work / n, LLAMAS[n], bpe, max_seq)) for n in LLAMAS})
     return {n: made[n]() for n in names}
