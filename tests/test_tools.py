@@ -171,3 +171,24 @@ def test_weight_only_probe_builds_every_form_and_compares_like_with_like():
                         ("int8", 2, 2, "eager"): 40.0}, 256, 2)
     assert "| INT8 | 3-D | 2 | eager | 50.0 | 2.00x |" in text
     assert "| INT8 | 2-D | 2 | eager | 40.0 |" in text and "n/a" in text.splitlines()[-1]
+
+
+def test_overhead_bench_refuses_what_it_cannot_time_with_exit_2(tmp_path, capsys):
+    """The GPU measurement itself runs on a GPU machine (docs/BENCHMARKS.md, Per-call host overhead);
+    here: bad arguments and an engine this machine cannot run end in one line and exit 2."""
+    from trt_seer.runtime import tensorrt_unavailable_reason
+
+    bench_overhead = load_tool("bench_overhead")
+    with pytest.raises(SystemExit) as e:
+        bench_overhead.main([str(tmp_path / "missing.engine")])
+    assert e.value.code == 2 and "engine not found" in capsys.readouterr().err
+    engine = tmp_path / "m.fp16.engine"
+    engine.write_bytes(b"not an engine")
+    with pytest.raises(SystemExit) as e:
+        bench_overhead.main([str(engine), "--batch", "1,x"])
+    assert e.value.code == 2 and "--batch takes comma-separated integers" in capsys.readouterr().err
+    if tensorrt_unavailable_reason() is None:
+        pytest.skip("this machine runs engines: the refusal below is for machines that cannot")
+    assert bench_overhead.main([str(engine)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bench_overhead: cannot run m.fp16.engine on TensorRT")
