@@ -103,3 +103,28 @@ def test_prompt_longer_than_the_engine_takes_is_bad_input(engines):
                         "--prompt", " ".join(["w5"] * 40), "--max-new-tokens", "2"], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert len([x for x in r.stderr.splitlines() if x.startswith("trt-seer: error:")]) == 1
+
+
+def test_decoder_runtime_cache_is_written_beside_the_engine_and_reused(engines, tmp_path):
+    """The decode step's JIT kernels (eager specialization per batch size) go to
+    `<engine stem>.runtime.cache` at close, and the next decoder on that engine loads them."""
+    import shutil
+
+    from trt_seer.engine import trt
+    from trt_seer.runtime.decoder_trt import TensorRTDecoder
+
+    if not trt.load().has_runtime_cache:
+        pytest.skip(f"{trt.load().name} has no runtime cache")
+    _, out = engines
+    for name in ("llama.fp16.engine", "llama.fp16.manifest.json"):
+        shutil.copy(out / name, tmp_path / name)
+    ids = np.random.default_rng(1).integers(3, 120, (2, 5)).astype(np.int64)
+    with TensorRTDecoder(tmp_path / "llama.fp16.engine") as dec:
+        first, _ = _steps(dec, ids, 3)
+    cache = tmp_path / "llama.fp16.runtime.cache"
+    assert cache.is_file() and cache.stat().st_size > 0
+    with TensorRTDecoder(tmp_path / "llama.fp16.engine") as dec:
+        assert dec._jit_cache._blob == cache.read_bytes()  # deserialized and accepted
+        again, _ = _steps(dec, ids, 3)
+    for a, b in zip(first, again):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)

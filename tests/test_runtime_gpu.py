@@ -451,7 +451,7 @@ def test_runtime_cache_is_written_beside_the_engine_and_reused(engines, tmp_path
     cache = tmp_path / "tinybert.fp16.runtime.cache"
     assert cache.is_file() and cache.stat().st_size > 0
     with load(path, backend="tensorrt") as m:
-        assert m._cache_blob == cache.read_bytes()  # deserialized and accepted
+        assert m._jit_cache._blob == cache.read_bytes()  # deserialized and accepted
         m.infer(feeds)
 
 

@@ -33,6 +33,7 @@ from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.engine import EngineOptions, check_manifest, deserialize, open_device
+from trt_seer.runtime.jit_cache import RuntimeCacheFile
 
 SMALL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 SPECIALIZE = ("none", "lazy", "eager")
@@ -105,6 +106,7 @@ class TensorRTDecoder:
         check_manifest(self.manifest, self.flavor.describe(), self.gpu.compute_capability, self.gpu.name)
         self._logger = trt_adapter.logger(self.flavor, options.verbose)
         self._runtime, self.engine = deserialize(self.path, self.manifest, self.flavor, self.gpu, self._logger)
+        self._jit_cache = RuntimeCacheFile.for_engine(self.path, options.runtime_cache, self.flavor)
         self.stream = cuda.Stream()
         self._start, self._end = cuda.Event(), cuda.Event()
         self.last_gpu_ms = None  # the engine's own GPU time in the last step (CUDA events)
@@ -136,6 +138,8 @@ class TensorRTDecoder:
 
     def _context(self, profile: int):
         config = self.engine.create_runtime_config() if hasattr(self.engine, "create_runtime_config") else None
+        if config is not None:  # the JIT kernels of every context, from and to one file
+            self._jit_cache.attach(config)
         graphs = self.options.use_cuda_graph if self.options.use_cuda_graph is not None else self.cache == "window"
         if config is not None and graphs and profile == 0 and hasattr(config, "cuda_graph_strategy"):
             # the decode step only: a prompt's shape is new almost every time
@@ -272,6 +276,7 @@ class TensorRTDecoder:
             return
         self.stream.synchronize()
         self.closed = True
+        self._jit_cache.save()
         for buf in (*self._buffers(), *self._small.values(), self._logits):
             buf.close()
         self._contexts, self.engine, self._runtime = [], None, None

@@ -29,9 +29,9 @@ import numpy as np
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import CudaError, DependencyError, InputError, ManifestMismatchError, TrtSeerError
-from trt_seer.files import atomic_write_bytes
 import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.base import Model
+from trt_seer.runtime.jit_cache import RuntimeCacheFile
 from trt_seer.runtime.io import DeviceTensor, FeedCheck, IOSpec, out_view, token_axes, validate_out
 from trt_seer.runtime.slot import EnginePending, Slot, SlotPool
 
@@ -57,12 +57,6 @@ class EngineOptions:
     def __post_init__(self):
         if self.contexts < 1:
             raise InputError(f"contexts must be >= 1, got {self.contexts}")
-
-
-def runtime_cache_path(engine_path: Path) -> Path:
-    """`x.fp16.engine` -> `x.fp16.runtime.cache`."""
-    engine_path = Path(engine_path)
-    return engine_path.with_name(engine_path.stem + ".runtime.cache")
 
 
 def check_manifest(manifest: dict, installed: dict, device_cc: tuple[int, int], gpu: str = "this GPU") -> None:
@@ -142,8 +136,7 @@ class TensorRTModel(Model):
         self.inputs, self.outputs = engine_specs(self.engine, self.flavor.trt)
         _check_io_names(self.manifest, self.inputs, self.outputs, self.path)
         self._check_feeds = FeedCheck(self.inputs)
-        self._cache_path = self._resolve_cache_path()
-        self._cache, self._cache_blob = None, b""
+        self._jit_cache = RuntimeCacheFile.for_engine(self.path, options.runtime_cache, self.flavor)
         self._configs: list = []
         self._graphs_ok = options.use_cuda_graph is not False
         self.graph_mode = "capture" if self._graphs_ok else None  # "runtime": the flavor's own
@@ -156,23 +149,12 @@ class TensorRTModel(Model):
     def _deserialize(self):
         return deserialize(self.path, self.manifest, self.flavor, self.gpu, self._logger)
 
-    def _resolve_cache_path(self) -> Path | None:
-        if self.options.runtime_cache is None or not self.flavor.has_runtime_cache:
-            return None
-        if self.options.runtime_cache == "auto":
-            return runtime_cache_path(self.path)
-        return Path(self.options.runtime_cache)
-
     def _runtime_config(self):
         """A per-context IRuntimeConfig sharing one runtime cache (TensorRT-RTX), or None."""
         if not hasattr(self.engine, "create_runtime_config"):
             return None
         config = self.engine.create_runtime_config()
-        if self._cache_path is not None:
-            if self._cache is None:
-                self._cache = config.create_runtime_cache()
-                self._load_cache()
-            config.set_runtime_cache(self._cache)
+        self._jit_cache.attach(config)
         if self._graphs_ok and hasattr(config, "cuda_graph_strategy"):
             # TensorRT-RTX does not let callers capture its launches (its JIT may compile kernels
             # mid-launch); it captures and replays a graph per input shape itself when asked.
@@ -180,17 +162,6 @@ class TensorRTModel(Model):
             self.graph_mode = "runtime"
         self._configs.append(config)
         return config
-
-    def _load_cache(self) -> None:
-        if not self._cache_path.is_file():
-            return
-        blob = self._cache_path.read_bytes()
-        if self._cache.deserialize(blob):
-            self._cache_blob = blob
-            log.debug("loaded runtime cache %s (%d bytes)", self._cache_path, len(blob))
-        else:
-            log.info("runtime cache %s is from another GPU, driver or TensorRT-RTX release; "
-                     "kernels will be compiled again and the cache rewritten", self._cache_path)
 
     def _new_context(self):
         config = self._runtime_config()
@@ -383,25 +354,11 @@ class TensorRTModel(Model):
         for slot in self._slots:
             slot.stream.synchronize()
             slot.done.synchronize()  # work enqueued on a caller's stream
-        self._save_cache()
+        self._jit_cache.save()
         for slot in self._slots:
             slot.close()
-        self._slots, self._configs, self._cache = [], [], None
+        self._slots, self._configs = [], []
         self.engine = self._runtime = None
-
-    def _save_cache(self) -> None:
-        if self._cache is None:
-            return
-        blob = bytes(memoryview(self._cache.serialize()))
-        if not blob or blob == self._cache_blob:
-            return
-        try:
-            atomic_write_bytes(self._cache_path, blob)
-        except OSError as e:
-            warnings.warn(f"could not save the runtime cache {self._cache_path}: {e}; JIT kernels will "
-                          "be compiled again next time", RuntimeWarning, stacklevel=3)
-            return
-        log.debug("saved runtime cache %s (%d bytes)", self._cache_path, len(blob))
 
 
 def deserialize(path: Path, manifest: dict, flavor, gpu: cuda.DeviceInfo, logger):
