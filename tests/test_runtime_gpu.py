@@ -159,7 +159,7 @@ def test_engine_matches_onnxruntime_and_pytorch(engines, precision, rtol):
     ckpt, out = engines
     info = resolve_model(ckpt)
     wrapped = wrap(load_model(info), info)
-    with load(out / f"tinybert.{precision}.engine", backend="tensorrt") as m, \
+    with load(out / f"tinybert.{precision}.engine", backend="tensorrt", time_gpu=True) as m, \
             load(out / f"tinybert.{precision}.onnx") as ref:
         assert m.backend == "tensorrt" and m.inputs[0].max_shape == (8, 32)
         for i, (b, s) in enumerate(SHAPES):
@@ -308,11 +308,11 @@ def test_cuda_graphs_are_on_by_default_and_right_across_shape_switches(engines):
 
 @needs_trt
 def test_untimed_calls_return_the_same_and_leave_no_gpu_time(engines):
-    """time_gpu=False drops the events around the engine; the same feeds (staged in one copy, then
+    """time_gpu=False (the default) drops the events around the engine; the same feeds (staged in one copy, then
     the remembered-shape path on the second call) give the same outputs."""
     ckpt, out = engines
     path = out / "tinybert.fp16.engine"
-    with load(path, backend="tensorrt") as timed, load(path, backend="tensorrt", time_gpu=False) as fast:
+    with load(path, backend="tensorrt", time_gpu=True) as timed, load(path, backend="tensorrt") as fast:
         for i, (b, s) in enumerate([(3, 12), (3, 12), (1, 32)]):
             feeds = feeds_for(ckpt, b, s, seed=40 + i)
             want, got = timed.infer(feeds), fast.infer(feeds, outputs=["sentence_embedding"])

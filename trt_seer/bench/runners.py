@@ -194,7 +194,7 @@ class EngineRunner(CallRunner):
         cuda.set_device(0)  # the context exists before the baseline, so only the engine counts
         self.mem_info = cuda.mem_info
         self.baseline = self._used()
-        model = runtime.load(engine_path, backend="tensorrt", use_cuda_graph=use_cuda_graph)
+        model = runtime.load(engine_path, backend="tensorrt", use_cuda_graph=use_cuda_graph, time_gpu=True)
         super().__init__(model, artifact_bytes(engine_path))
         self.main_output = main_output(task, model.output_names)
 

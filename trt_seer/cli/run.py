@@ -128,7 +128,7 @@ def run(args) -> int:
     from trt_seer.runtime import load
 
     texts = read_texts(args)
-    opts = {"threads": args.threads} if args.threads else {}
+    opts = {"time_gpu": True, **({"threads": args.threads} if args.threads else {})}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         model = load(args.artifact, backend=args.backend, **opts)

@@ -1,7 +1,7 @@
 """TensorRT engine -> `TensorRTModel`: numpy (or GPU tensors) in, numpy out.
 
     from trt_seer.runtime.engine import EngineOptions, TensorRTModel
-    with TensorRTModel("engines/all-MiniLM-L6-v2.fp16.engine", EngineOptions(contexts=2)) as m:
+    with TensorRTModel("engines/all-MiniLM-L6-v2.fp16.engine", EngineOptions(contexts=2, time_gpu=True)) as m:
         out = m.infer({"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
         print(out["sentence_embedding"].shape, m.last_gpu_ms)
 
@@ -50,8 +50,9 @@ class EngineOptions:
     use_cuda_graph: bool | None = None
     max_graphs: int = 32  # captured shapes kept per context (least recently used dropped)
     runtime_cache: str | Path | None = "auto"
-    # CUDA events around the engine give `last_gpu_ms`; False skips the two event records per call.
-    time_gpu: bool = True
+    # True: CUDA events around the engine give `last_gpu_ms` (benchmarks, `trt-seer run`); off by
+    # default: the two event records cost a call ~12 us end to end on an H200 (docs/BENCHMARKS.md).
+    time_gpu: bool = False
     verbose: bool = False
 
     def __post_init__(self):
