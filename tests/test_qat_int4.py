@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -144,3 +145,21 @@ def test_int4_qat_bad_input_is_one_line_exit_2(lm, capsys, extra, needle):
 def test_int4_block_without_int4_qat_is_refused(lm, capsys):
     code = main(finetune_args(lm, "bad", "--qat", "int8", "--int4-block", "32", "--task", "text-classification"))
     one_line_error(capsys, code, "--int4-block is for --qat int4")
+
+
+def test_causal_distillation_counts_the_task_losss_positions_only():
+    import torch
+
+    from trt_seer.finetune.train import distill_sum
+
+    g = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(2, 5, 11, generator=g), torch.randn(2, 5, 11, generator=g)
+    labels = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, -100, -100]])
+    tr = SimpleNamespace(teacher=lambda **_: SimpleNamespace(logits=teacher),
+                         objective=SimpleNamespace(forward_kwargs={}))
+    got = distill_sum(tr, {}, student, labels)
+    p, q = torch.log_softmax(teacher, -1), torch.log_softmax(student, -1)
+    kl = (p.exp() * (p - q)).sum(-1)  # (2, 5): position t predicts token t + 1
+    assert got.item() == pytest.approx((kl[0, :4].sum() + kl[1, :2].sum()).item(), rel=1e-5)
+    assert distill_sum(SimpleNamespace(teacher=lambda **_: SimpleNamespace(logits=student),
+                                       objective=tr.objective), {}, student, labels).item() == pytest.approx(0, abs=1e-5)
