@@ -111,6 +111,27 @@ def test_build_writes_the_int4_values_the_weights_were_trained_for(qat_built):
     assert checked == 14 - len(q["fp16_gemms"]) and checked > 0
 
 
+@needs_trt
+def test_rounded_weights_are_the_int4_graph_and_match_its_fp16_reference(lm, tmp_path):
+    import torch
+
+    from trt_seer.finetune.fakequant import fake_quant_int4_blocks
+
+    assert main(finetune_args(lm, "rounded", "--qat", "int4", "--int4-block", str(BLOCK), "--qat-weights",
+                              "rounded", "--max-steps", "2")) == 0
+    assert json.loads((lm / "rounded" / qat_ranges.RANGES_FILE).read_text())["weights"] == "rounded"
+    weights = qat_ranges.checkpoint_weights(lm / "rounded")
+    for name in json.loads((lm / "rounded" / qat_ranges.RANGES_FILE).read_text())["modules"]:
+        w = weights[name]  # already on the INT4 grid: rounding again moves it by FP16 rounding at most
+        np.testing.assert_allclose(fake_quant_int4_blocks(torch.from_numpy(w), BLOCK).numpy(), w, rtol=2e-3, atol=0)
+    assert main(["build", "--model", str(lm / "rounded"), "--int4", "--int4-block", str(BLOCK), *PROFILE,
+                 "--out", str(tmp_path / "eng")]) == 0
+    rec = json.loads((tmp_path / "eng" / "rounded.int4.onnx.json").read_text())
+    first = rec["accuracy"]["gate"]["table"][0][1]  # the all-INT4 graph against the checkpoint's FP16
+    assert rec["quantization"]["qat"]["weights"] == "rounded" and rec["quantization"]["fp16_gemms"] == []
+    assert first["agreement"] == 1.0 and abs(first["ppl_increase"]) < 2e-3
+
+
 # -- bad input --------------------------------------------------------------------------------------
 
 def one_line_error(capsys, code, needle):
@@ -145,6 +166,8 @@ def test_int4_qat_bad_input_is_one_line_exit_2(lm, capsys, extra, needle):
 def test_int4_block_without_int4_qat_is_refused(lm, capsys):
     code = main(finetune_args(lm, "bad", "--qat", "int8", "--int4-block", "32", "--task", "text-classification"))
     one_line_error(capsys, code, "--int4-block is for --qat int4")
+    code = main(finetune_args(lm, "bad", "--qat", "int8", "--qat-weights", "rounded", "--task", "text-classification"))
+    one_line_error(capsys, code, "--qat-weights is for --qat int4")
 
 
 def test_causal_distillation_counts_the_task_losss_positions_only():

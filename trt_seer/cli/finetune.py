@@ -97,6 +97,10 @@ def _qat_args(g) -> None:
     g.add_argument("--int4-block", type=int, default=None, metavar="N",
                    help="--qat int4: input channels per INT4 scale; build with the same --int4-block "
                         "(default 128)")
+    g.add_argument("--qat-weights", choices=("latent", "rounded"), default=None,
+                   help="--qat int4: save the trained FP32 weights (latent), or the INT4 values they round to "
+                        "(rounded: the checkpoint is the quantized model, and build's INT4 graph reproduces "
+                        "its FP16 graph) (default: latent)")
     g.add_argument("--from-calib", metavar="PATH", default=None,
                    help="--qat: start the ranges from this TensorRT calibration cache (from build --int8 "
                         "--int8-mode w8a8 of the starting checkpoint, same --smooth-alpha) instead of entropy calibration")
@@ -139,8 +143,9 @@ def _qat_spec(args, path):
         return None
     if args.qat == "int4":
         return _int4_spec(args)
-    if args.int4_block is not None:
-        raise InputError("--int4-block is for --qat int4 (block-wise INT4 weights of causal LMs)")
+    for flag, value in (("--int4-block", args.int4_block), ("--qat-weights", args.qat_weights)):
+        if value is not None:
+            raise InputError(f"{flag} is for --qat int4 (block-wise INT4 weights of causal LMs)")
     ranges_only = args.qat_train == "ranges"
     loss = args.qat_loss or ("distill" if ranges_only else "labels")
     range_lr = args.range_lr if args.range_lr is not None else RANGES_ONLY_LR if ranges_only else 1e-3
@@ -161,7 +166,8 @@ def _int4_spec(args):
     given = [f"--{name.replace('_', '-')}" for name in INT8_ONLY if getattr(args, name) not in (None, False)]
     if given:
         raise InputError(f"{', '.join(given)}: INT8 activation-range options; --qat int4 quantizes weights only")
-    return QatSpec("int4", loss=args.qat_loss or "labels", block=128 if args.int4_block is None else args.int4_block)
+    return QatSpec("int4", loss=args.qat_loss or "labels", block=128 if args.int4_block is None else args.int4_block,
+                   weights=args.qat_weights or "latent")
 
 
 def spec_from_args(args):

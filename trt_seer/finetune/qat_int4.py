@@ -10,9 +10,11 @@ quantizes (every constant-weight MatMul whose K is a multiple of the block, the 
 each is matched to its nn.Linear by weight values (`quantize.qat_ranges.linear_nodes`). Each such
 Linear computes with its weight fake-quantized exactly as build rounds it
 (`fakequant.fake_quant_int4_blocks`: FP16, symmetric, scale = block amax / 7 of the current
-weights), straight-through gradients, on the task loss (or `--qat-loss distill`). Nothing but the
-placement is saved: build recomputes the scales from the final weights, by round-to-nearest and
-without AWQ, whose rescaling would change the rounding the weights were trained for.
+weights), straight-through gradients, on the task loss (or `--qat-loss distill`). The checkpoint holds
+the trained FP32 weights (`--qat-weights latent`, build recomputes the scales from them) or the
+INT4 values they round to (`rounded`: the checkpoint is the quantized model itself, so the gate's
+FP16 reference is too); beside it, qat_ranges.json names the block and the Linears. Build rounds
+to nearest without AWQ, whose rescaling would change the rounding the weights were trained for.
 """
 from __future__ import annotations
 
@@ -75,13 +77,21 @@ def prepare(model, tokenizer, block: int) -> list[str]:
 
 
 def save(model, dest: Path, spec) -> Path:
-    """Takes the fake quantization off `model` and writes dest/qat_ranges.json (mode int4)."""
+    """Takes the fake quantization off `model` (--qat-weights rounded: leaves each weight at the
+    INT4 values it rounds to) and writes dest/qat_ranges.json (mode int4)."""
+    import torch
+
+    from trt_seer.finetune.fakequant import fake_quant_int4_blocks
     from trt_seer.quantize import qat_ranges
 
     names = []
     for name, m in model.named_modules():
         if hasattr(m, BLOCK_ATTR):
+            if spec.weights == "rounded":
+                with torch.no_grad():
+                    m.weight.copy_(fake_quant_int4_blocks(m.weight, spec.block))
             delattr(m, BLOCK_ATTR)
             m.__dict__.pop("forward", None)
             names.append(name)
-    return qat_ranges.write_int4(dest, spec.block, names, {"trained": spec.train, "loss": spec.loss})
+    return qat_ranges.write_int4(dest, spec.block, names, {"trained": spec.train, "loss": spec.loss,
+                                                           "weights": spec.weights})

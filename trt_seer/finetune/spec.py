@@ -76,6 +76,7 @@ class QatSpec:
     smoothing: str = "fixed"  # "fixed": build's SmoothQuant s | "learned": s trained too, build applies it
     data: str = "task"  # "task": the training data | "calib": calib/default.txt (distillation only)
     block: int = 128  # int4: input channels per scale (build --int4-block)
+    weights: str = "latent"  # int4: save the trained FP32 weights (latent) or their INT4 values (rounded)
 
     def check(self, task: str) -> None:
         if self.mode not in QAT_MODES:
@@ -83,6 +84,8 @@ class QatSpec:
         if self.mode == "int4":
             self._check_int4(task)
             return
+        if self.weights != "latent":
+            raise InputError("--qat-weights is for --qat int4")
         if task != "text-classification":
             raise UnsupportedError(f"--qat int8 trains text-classification models (W8A8 encoders), not --task {task}")
         if self.ranges not in RANGE_MODES:
@@ -115,6 +118,8 @@ class QatSpec:
                                    f"not --task {task}; use --qat int8")
         if self.block not in BLOCK_SIZES:
             raise InputError(f"--int4-block {self.block} is not one of {', '.join(map(str, BLOCK_SIZES))}")
+        if self.weights not in ("latent", "rounded"):
+            raise InputError(f"unknown --qat-weights {self.weights!r}; choose latent or rounded")
         if self.loss not in ("labels", "distill") or self.train != "all" or self.data != "task":
             raise InputError("--qat int4 trains the weights on the training data (--qat-train all, --qat-data task)")
 

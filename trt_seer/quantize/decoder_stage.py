@@ -195,6 +195,7 @@ def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantStag
                                 + "; ".join(fails) + "); the table above has every attempt")
     return {"quantization": {**_quantization(model16, spec, len(targets), excluded, awq_report),
                              "qat": None if qat is None else {"file": str(qat.path), "block": qat.block,
+                                                              "weights": qat.weights,
                                                               "awq": "skipped: weights trained for round-to-nearest"}},
             "calibration": {"data": quant.calib or "calib/default.txt", "batches": len(cd.calib)},
             "accuracy": {"onnx_vs_fp16": metrics, "measured_on": _measured_on(fp16_path),

@@ -164,6 +164,7 @@ class Int4Qat:
     block: int
     modules: tuple
     lm_head: bool
+    weights: str = "latent"  # "rounded": the checkpoint holds the INT4 values themselves
 
     def fingerprint(self) -> str:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
@@ -178,7 +179,8 @@ def find_int4(ckpt: Path | None) -> Int4Qat | None:
     if doc.get("mode") != INT4_MODE:
         return None
     try:
-        qat = Int4Qat(path, int(doc["block"]), tuple(str(m) for m in doc["modules"]), bool(doc.get("lm_head")))
+        qat = Int4Qat(path, int(doc["block"]), tuple(str(m) for m in doc["modules"]), bool(doc.get("lm_head")),
+                      str(doc.get("weights", "latent")))
     except (ValueError, KeyError, TypeError) as e:
         raise InputError(f"malformed {path}: {e!r}; rerun finetune --qat int4 or delete the file") from e
     if doc.get("schema") != SCHEMA or doc.get("bits") != 4 or not qat.modules:
