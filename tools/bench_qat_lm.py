@@ -3,14 +3,14 @@ the gate's metrics, and held-out perplexity against the FP32 starting model.
 
     python tools/quality_generate.py ...   # or: --base-epochs N trains the small Llama here first
     python tools/bench_qat_lm.py --work runs/ --steps 300 --seeds 0 1 --build-flags="--no-awq --int4-block 256" \
-        [--control] [--loss labels distill] [--append docs/BENCHMARKS.md]
+        [--control] [--qat labels distill distill:rounded] [--append docs/BENCHMARKS.md]
 
 1. BASE: the small Llama of tools/quality_generate.py (4 layers, hidden 256), `finetune --task
    causal-lm` on calib/default.txt (--base, or trained here with --base-epochs).
 2. PTQ: `build --int4 <build flags>` of BASE (AWQ unless --no-awq), gated against its FP16 graph.
 3. QAT: `finetune --task causal-lm --model BASE --qat int4 --max-steps N` on calib/default.txt
-   (the task loss, or `--qat-loss distill` from BASE), then the same build (round-to-nearest, AWQ
-   skipped). --control: BASE fine-tuned N more steps without QAT, then PTQ (is it only more training?).
+   (the task loss, or `--qat-loss distill` from BASE; `:rounded` saves the INT4 values,
+   `--qat-weights rounded`), then the same build (round-to-nearest, AWQ skipped). --control: BASE fine-tuned N more steps without QAT, then PTQ (is it only more training?).
 4. Perplexity of every FP32 / INT4 graph (ONNX Runtime CPU, teacher-forced through the KV cache)
    on calib/heldout.txt rows that come after the tokens the gate measures (no training saw any of
    it), and next-token agreement with BASE's FP32 graph; also of each checkpoint's all-INT4 graph
@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--loss", nargs="+", choices=("labels", "distill"), default=["labels"])
+    ap.add_argument("--qat", nargs="+", choices=("labels", "distill", "labels:rounded", "distill:rounded"),
+                    default=["labels"], help="QAT runs: loss[:rounded] (--qat-loss, --qat-weights rounded)")
     ap.add_argument("--control", action="store_true")
     ap.add_argument("--append", type=Path)
     args = ap.parse_args(argv)
@@ -163,11 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     base_q, ref = quality(args.work / "ptq" / f"{base.name}.fp32.onnx", rows, None)
     results = [run_one("BASE, PTQ INT4", base, args.work / "ptq", flags, rows, ref)]
     for seed in args.seeds:
-        for loss in args.loss:
-            name = f"qat-{loss}-s{seed}"
+        for variant in args.qat:
+            loss, _, weights = variant.partition(":")
+            name = f"qat-{loss}{'-' + weights if weights else ''}-s{seed}"
             ckpt = finetune(base, args.work / name, args.steps, seed, args.lr,
-                            ["--qat", "int4", "--int4-block", block, "--qat-loss", loss])
-            results.append(run_one(f"QAT INT4 ({loss}, seed {seed})", ckpt, args.work / f"eng-{name}", flags, rows, ref))
+                            ["--qat", "int4", "--int4-block", block, "--qat-loss", loss,
+                             "--qat-weights", weights or "latent"])
+            results.append(run_one(f"QAT INT4 ({loss}{', ' + weights if weights else ''}, seed {seed})", ckpt,
+                                   args.work / f"eng-{name}", flags, rows, ref))
         if args.control:
             ckpt = finetune(base, args.work / f"control-s{seed}", args.steps, seed, args.lr, [])
             results.append(run_one(f"control: BASE + {args.steps} steps without QAT, PTQ INT4 (seed {seed})", ckpt,
