@@ -1,16 +1,17 @@
 """PTQ vs QAT for block-wise INT4 weights on a small trained causal LM: FP16 GEMMs the gate keeps,
 the gate's metrics, and held-out perplexity against the FP32 starting model.
 
-    python tools/quality_generate.py ...   # or: --base-epochs N trains the small Llama here first
-    python tools/bench_qat_lm.py --work runs/ --steps 300 --seeds 0 1 --build-flags="--no-awq --int4-block 256" \
-        [--control] [--qat labels distill distill:rounded] [--append docs/BENCHMARKS.md]
+    python tools/bench_qat_lm.py --work runs/ [--base small-lm/] --steps 300 --seeds 0 1 2 \
+        --build-flags="--int4-block 256 --min-agreement 0.95" --qat labels distill distill:rounded \
+        [--control] [--append docs/BENCHMARKS.md]
 
 1. BASE: the small Llama of tools/quality_generate.py (4 layers, hidden 256), `finetune --task
    causal-lm` on calib/default.txt (--base, or trained here with --base-epochs).
 2. PTQ: `build --int4 <build flags>` of BASE (AWQ unless --no-awq), gated against its FP16 graph.
 3. QAT: `finetune --task causal-lm --model BASE --qat int4 --max-steps N` on calib/default.txt
    (the task loss, or `--qat-loss distill` from BASE; `:rounded` saves the INT4 values,
-   `--qat-weights rounded`), then the same build (round-to-nearest, AWQ skipped). --control: BASE fine-tuned N more steps without QAT, then PTQ (is it only more training?).
+   `--qat-weights rounded`), then the same build (round-to-nearest, AWQ skipped). --control: BASE
+   fine-tuned N more steps without QAT, then PTQ (is it only more training?).
 4. Perplexity of every FP32 / INT4 graph (ONNX Runtime CPU, teacher-forced through the KV cache)
    on calib/heldout.txt rows that come after the tokens the gate measures (no training saw any of
    it), and next-token agreement with BASE's FP32 graph; also of each checkpoint's all-INT4 graph
