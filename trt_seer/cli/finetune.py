@@ -116,8 +116,9 @@ def _qat_args(g) -> None:
                         "FP32 stays the starting model's (ranges) (default: all)")
     g.add_argument("--qat-loss", choices=("labels", "distill"), default=None,
                    help="--qat: train on the labels (task loss) or distill the FP32 starting model's class "
-                        "distribution into the quantized one (KL; labels unused) (default: labels; "
-                        "distill with --qat-train ranges)")
+                        "(causal-lm: next-token) distribution into the quantized one (KL; labels unused) "
+                        "(default: labels; distill with --qat-train ranges; with --qat int4, distill measured "
+                        "better: docs/DESIGN.md)")
     g.add_argument("--smooth-alpha", type=float, default=None,
                    help="--qat: SmoothQuant strength, as build applies it; build with the same value (default 0.5)")
     g.add_argument("--qat-data", choices=("task", "calib"), default=None,
