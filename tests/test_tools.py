@@ -192,3 +192,18 @@ def test_overhead_bench_refuses_what_it_cannot_time_with_exit_2(tmp_path, capsys
     assert bench_overhead.main([str(engine)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bench_overhead: cannot run m.fp16.engine on TensorRT")
+def test_int4_qat_table_reads_the_gate_and_compares_with_the_base():
+    bench = load_tool("bench_qat_lm")
+    every = {"perplexity": 101.0, "agreement_vs_base_fp32": 0.95, "agreement_vs_own_fp32": 0.96,
+             "ppl_vs_own_fp32": 0.01}
+    record = {"accuracy": {"onnx_vs_fp16": {"ppl_increase": 0.002, "agreement": 0.97},
+                           "gate": {"table": [["none", {"ppl_increase": 0.004, "agreement": 0.9}, False]]}},
+              "quantization": {"fp16_gemms": ["a", "b"], "quantized_gemms": 26, "awq": None,
+                               "qat": {"block": 256}}}
+    passed = {"label": "qat", "gate": bench.gate_summary(record), "fp32": {"perplexity": 100.0},
+              "int4": {"perplexity": 102.0, "agreement_vs_base_fp32": 0.9}, "all_int4": every}
+    failed = {"label": "ptq", "gate": bench.gate_summary(None), "fp32": {"perplexity": 100.0}, "all_int4": every}
+    rows = [line.split("|")[1:-1] for line in bench.table([passed, failed], base_ppl=200.0).splitlines()[2:]]
+    assert [c.strip() for c in rows[0]] == ["qat", "skipped (QAT)", "2", "+0.40% / 0.9000", "+0.20% / 0.9700",
+                                            "100.00", "102.00 (-49.00%)", "0.9000", "+1.00% / 0.9600", "0.9500"]
+    assert [c.strip() for c in rows[1]][2:5] == ["fail", "-", "-"]

@@ -151,6 +151,10 @@ def _check_quantization(info, args, quant) -> None:
         from trt_seer.quantize import int8
 
         int8.check_spec(quant)
+    if "int4" in chosen:
+        from trt_seer.quantize.decoder_stage import int4_qat
+
+        int4_qat(info, quant, 4)  # a finetune --qat int4 checkpoint: same block size, same LM head
 
 
 def _int8_benefit(art) -> None:

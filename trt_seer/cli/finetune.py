@@ -88,34 +88,44 @@ def _amp_args(g) -> None:
 
 
 def _qat_args(g) -> None:
-    g.add_argument("--qat", choices=("int8",), default=None,
-                   help="train with fake INT8 where build --int8 --int8-mode w8a8 puts Q/DQ (GEMM inputs "
-                        "per tensor, weights per output channel); writes qat_ranges.json, which build uses "
-                        "instead of calibrating. text-classification only")
+    g.add_argument("--qat", choices=("int8", "int4"), default=None,
+                   help="int8 (text-classification): train with fake INT8 where build --int8 --int8-mode w8a8 "
+                        "puts Q/DQ (GEMM inputs per tensor, weights per output channel); writes qat_ranges.json, "
+                        "which build uses instead of calibrating. int4 (causal-lm): train with the weights "
+                        "build --int4 quantizes fake-quantized block-wise to INT4 (round-to-nearest); build "
+                        "--int4 then skips AWQ")
+    g.add_argument("--int4-block", type=int, default=None, metavar="N",
+                   help="--qat int4: input channels per INT4 scale; build with the same --int4-block "
+                        "(default 128)")
+    g.add_argument("--qat-weights", choices=("latent", "rounded"), default=None,
+                   help="--qat int4: save the trained FP32 weights (latent), or the INT4 values they round to "
+                        "(rounded: the checkpoint is the quantized model, and build's INT4 graph reproduces "
+                        "its FP16 graph) (default: latent)")
     g.add_argument("--from-calib", metavar="PATH", default=None,
                    help="--qat: start the ranges from this TensorRT calibration cache (from build --int8 "
                         "--int8-mode w8a8 of the starting checkpoint, same --smooth-alpha) instead of entropy calibration")
-    g.add_argument("--qat-ranges", choices=("learned", "frozen"), default="learned",
+    g.add_argument("--qat-ranges", choices=("learned", "frozen"), default=None,
                    help="--qat: learn the activation ranges (LSQ-style, log amax) or keep them frozen "
                         "(default: learned)")
     g.add_argument("--int8-attention", action="store_true",
                    help="--qat: also fake-quantize the attention batched matmuls, for build --int8-attention")
-    g.add_argument("--qat-train", choices=("all", "ranges"), default="all",
+    g.add_argument("--qat-train", choices=("all", "ranges"), default=None,
                    help="--qat: train the weights and the ranges (all), or freeze the weights and learn only "
                         "the activation ranges by distilling the FP32 model on the calibration corpus "
                         "(calib/default.txt, disjoint from the gate's calib/heldout.txt), so the checkpoint's "
                         "FP32 stays the starting model's (ranges) (default: all)")
     g.add_argument("--qat-loss", choices=("labels", "distill"), default=None,
                    help="--qat: train on the labels (task loss) or distill the FP32 starting model's class "
-                        "distribution into the quantized one (KL; labels unused) (default: labels; "
-                        "distill with --qat-train ranges)")
-    g.add_argument("--smooth-alpha", type=float, default=0.5,
+                        "(causal-lm: next-token) distribution into the quantized one (KL; labels unused) "
+                        "(default: labels; distill with --qat-train ranges; with --qat int4, distill measured "
+                        "better: docs/DESIGN.md)")
+    g.add_argument("--smooth-alpha", type=float, default=None,
                    help="--qat: SmoothQuant strength, as build applies it; build with the same value (default 0.5)")
     g.add_argument("--qat-data", choices=("task", "calib"), default=None,
                    help="--qat: train on the training data (task) or on build's calibration corpus "
                         "calib/default.txt (calib; needs --qat-loss distill) (default: task; calib with "
                         "--qat-train ranges)")
-    g.add_argument("--qat-smoothing", choices=("fixed", "learned"), default="fixed",
+    g.add_argument("--qat-smoothing", choices=("fixed", "learned"), default=None,
                    help="--qat: keep SmoothQuant's per-channel scales as build computes them (fixed), or "
                         "start from them and learn them with the ranges; qat_ranges.json then carries them "
                         "and build applies them instead of its own (default: fixed)")
@@ -132,12 +142,33 @@ def _qat_spec(args, path):
         if args.from_calib is not None:
             raise InputError("--from-calib needs --qat int8")
         return None
+    if args.qat == "int4":
+        return _int4_spec(args)
+    for flag, value in (("--int4-block", args.int4_block), ("--qat-weights", args.qat_weights)):
+        if value is not None:
+            raise InputError(f"{flag} is for --qat int4 (block-wise INT4 weights of causal LMs)")
     ranges_only = args.qat_train == "ranges"
     loss = args.qat_loss or ("distill" if ranges_only else "labels")
     range_lr = args.range_lr if args.range_lr is not None else RANGES_ONLY_LR if ranges_only else 1e-3
-    return QatSpec(args.qat, path(args.from_calib), args.qat_ranges, range_lr, args.int8_attention, loss,
-                   args.smooth_alpha, args.qat_train, args.qat_smoothing,
-                   args.qat_data or ("calib" if ranges_only else "task"))
+    return QatSpec(args.qat, path(args.from_calib), args.qat_ranges or "learned", range_lr, args.int8_attention,
+                   loss, 0.5 if args.smooth_alpha is None else args.smooth_alpha, args.qat_train or "all",
+                   args.qat_smoothing or "fixed", args.qat_data or ("calib" if ranges_only else "task"))
+
+
+INT8_ONLY = ("from_calib", "qat_ranges", "int8_attention", "qat_train", "smooth_alpha", "qat_data", "qat_smoothing",
+             "range_lr")
+
+
+def _int4_spec(args):
+    """--qat int4: weights only, so none of INT8's activation-range options applies."""
+    from trt_seer.errors import InputError
+    from trt_seer.finetune import QatSpec
+
+    given = [f"--{name.replace('_', '-')}" for name in INT8_ONLY if getattr(args, name) not in (None, False)]
+    if given:
+        raise InputError(f"{', '.join(given)}: INT8 activation-range options; --qat int4 quantizes weights only")
+    return QatSpec("int4", loss=args.qat_loss or "labels", block=128 if args.int4_block is None else args.int4_block,
+                   weights=args.qat_weights or "latent")
 
 
 def spec_from_args(args):

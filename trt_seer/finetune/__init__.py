@@ -12,7 +12,9 @@ The output directory holds model.safetensors, config.json (id2label, label2id,
 architectures = *ForSequenceClassification; for causal-lm *ForCausalLM with a pad token), the
 tokenizer files (pad = EOS when the base tokenizer had no pad token), training.json (task,
 settings, metrics, hardware), metrics.jsonl and curves.png; with QatSpec (--qat int8) also
-qat_ranges.json, which `build --int8 --int8-mode w8a8` uses instead of calibrating (finetune/qat.py).
+qat_ranges.json, which `build --int8 --int8-mode w8a8` uses instead of calibrating (finetune/qat.py);
+with --qat int4 (causal-lm) a qat_ranges.json that tells `build --int4` the block size and to skip
+AWQ (finetune/qat_int4.py).
 It appears only when the run succeeded.
 """
 from __future__ import annotations
@@ -67,7 +69,12 @@ def _run(spec: FinetuneSpec, ctx) -> Path:
     train, evaluation = (objective.encode(part, tokenizer, max_seq) for part in (dataset.train, dataset.eval))
     model = objective.load_model(info, dataset, tokenizer.pad_token_id, spec.seed)
     teacher = None
-    if spec.qat is not None:
+    if spec.qat is not None and spec.qat.mode == "int4":
+        from trt_seer.finetune import qat_int4
+
+        teacher = qat.teacher(model, spec.qat)
+        qat_int4.prepare(model, tokenizer, spec.qat.block)
+    elif spec.qat is not None:
         teacher = qat.teacher(model, spec.qat)  # before fake quantization goes on
         qat.prepare(model, tokenizer, spec.qat)
         if spec.qat.train == "ranges":
@@ -99,9 +106,10 @@ def _train(spec, ctx, model, tokenizer, train, evaluation, staged: Path | None, 
     state_bytes = distributed.gather(ctx, distributed.optimizer_state_bytes(tr.optimizer))
     if staged is not None:
         if spec.qat is not None:
-            from trt_seer.finetune import qat
+            from trt_seer.finetune import qat, qat_int4
 
-            qat.save_ranges(tr.module, staged, spec.qat)  # also takes the fake quantization off
+            save = qat_int4.save if spec.qat.mode == "int4" else qat.save_ranges
+            save(tr.module, staged, spec.qat)  # also takes the fake quantization off
         checkpoint.save(tr.module, tokenizer, staged)
         monitor.plot_curves(staged / monitor.METRICS_FILE, staged / monitor.PLOT_FILE)
     final = (*FINAL, tr.objective.metric)

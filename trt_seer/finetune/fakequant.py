@@ -46,3 +46,20 @@ def fake_quant_weight(w, scale_grad: bool = False):
         return torch._fake_quantize_learnable_per_channel_affine(w.float(), scale, zero.float(), 0, -127, 127,
                                                                   1.0).to(w.dtype)
     return torch.fake_quantize_per_channel_affine(w.float(), scale, zero, 0, -127, 127).to(w.dtype)
+
+
+def fake_quant_int4_blocks(w, block: int):
+    """Block-wise symmetric INT4 of an nn.Linear weight (out, in), as `build --int4` writes it
+    (quantize/weightonly.quantize_int4 on the FP16 graph's [in, out] weight): the weight rounded to
+    FP16, one scale per `block` consecutive input channels of each row, amax / 7 in FP32, values
+    rint(w / scale) (half to even) in [-8, 7], dequantized with the scale stored as FP16. The
+    gradient is straight-through (identity): with scale = amax / 7 no value is clipped."""
+    import torch
+
+    out, k = w.shape
+    blocks = w.detach().half().float().reshape(out, k // block, block)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 7.0, torch.ones_like(amax))
+    q = torch.clamp(torch.round(blocks / scale), -8, 7)
+    deq = (q * scale.half().float()).reshape(out, k).to(w.dtype)
+    return w + (deq - w).detach()

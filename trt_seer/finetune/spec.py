@@ -52,16 +52,18 @@ class DataSpec:
             raise InputError(f"--num-labels must be >= 2, got {self.num_labels}")
 
 
-QAT_MODES = ("int8",)
+QAT_MODES = ("int8", "int4")
 RANGE_MODES = ("learned", "frozen")
 QAT_TRAIN = ("all", "ranges")
 
 
 @dataclass(frozen=True)
 class QatSpec:
-    """Quantization-aware training (finetune/qat.py): fake INT8 where `build --int8 --int8-mode w8a8`
-    puts Q/DQ. Ranges start at the entropy calibration (or a TensorRT cache, `from_calib`) and are
-    then learned (log amax, LSQ-style gradients, learning rate `range_lr`) or kept frozen."""
+    """Quantization-aware training. int8 (finetune/qat.py): fake INT8 where `build --int8 --int8-mode
+    w8a8` puts Q/DQ. Ranges start at the entropy calibration (or a TensorRT cache, `from_calib`) and
+    are then learned (log amax, LSQ-style gradients, learning rate `range_lr`) or kept frozen.
+    int4 (finetune/qat_int4.py, causal LMs): fake block-wise INT4 weights where `build --int4` puts
+    them, blocks of `block` input channels; the other fields are INT8's."""
 
     mode: str = "int8"
     from_calib: Path | None = None
@@ -73,10 +75,17 @@ class QatSpec:
     train: str = "all"  # "all": weights and ranges | "ranges": weights frozen, ranges distilled on calib text
     smoothing: str = "fixed"  # "fixed": build's SmoothQuant s | "learned": s trained too, build applies it
     data: str = "task"  # "task": the training data | "calib": calib/default.txt (distillation only)
+    block: int = 128  # int4: input channels per scale (build --int4-block)
+    weights: str = "latent"  # int4: save the trained FP32 weights (latent) or their INT4 values (rounded)
 
     def check(self, task: str) -> None:
         if self.mode not in QAT_MODES:
             raise UnsupportedError(f"--qat supports {', '.join(QAT_MODES)}, not {self.mode!r}")
+        if self.mode == "int4":
+            self._check_int4(task)
+            return
+        if self.weights != "latent":
+            raise InputError("--qat-weights is for --qat int4")
         if task != "text-classification":
             raise UnsupportedError(f"--qat int8 trains text-classification models (W8A8 encoders), not --task {task}")
         if self.ranges not in RANGE_MODES:
@@ -100,6 +109,19 @@ class QatSpec:
             raise InputError(f"--smooth-alpha must be in [0, 1), got {self.smooth_alpha}")
         if not self.range_lr > 0:
             raise InputError(f"--range-lr must be > 0, got {self.range_lr}")
+
+    def _check_int4(self, task: str) -> None:
+        from trt_seer.quantize.weightonly import BLOCK_SIZES
+
+        if task != "causal-lm":
+            raise UnsupportedError(f"--qat int4 trains causal LMs (build --int4 is weight-only INT4 for decoding), "
+                                   f"not --task {task}; use --qat int8")
+        if self.block not in BLOCK_SIZES:
+            raise InputError(f"--int4-block {self.block} is not one of {', '.join(map(str, BLOCK_SIZES))}")
+        if self.weights not in ("latent", "rounded"):
+            raise InputError(f"unknown --qat-weights {self.weights!r}; choose latent or rounded")
+        if self.loss not in ("labels", "distill") or self.train != "all" or self.data != "task":
+            raise InputError("--qat int4 trains the weights on the training data (--qat-train all, --qat-data task)")
 
 
 @dataclass(frozen=True)

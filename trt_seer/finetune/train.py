@@ -131,7 +131,8 @@ def backward(tr: Trainer, micro_batches: list[dict], step_units: int):
         with sync:
             with autocast(tr.ctx, tr.amp):
                 logits = tr.forward(**batch, **tr.objective.forward_kwargs).logits  # (batch, [seq,] classes)
-                loss = tr.objective.loss_sum(logits, labels) if tr.teacher is None else distill_sum(tr, batch, logits)
+                loss = tr.objective.loss_sum(logits, labels) if tr.teacher is None else distill_sum(tr, batch, logits,
+                                                                                                     labels)
             # DDP averages gradients over ranks: multiply back so the result is a sum / step_units
             loss = loss * (tr.ctx.world / max(step_units, 1))
             tr.scaler.scale(loss).backward()
@@ -140,12 +141,17 @@ def backward(tr: Trainer, micro_batches: list[dict], step_units: int):
     return total / tr.ctx.world, tokens
 
 
-def distill_sum(tr: Trainer, batch: dict, logits):
-    """Summed KL(teacher || student) of the class distributions; logits (batch, classes)."""
+def distill_sum(tr: Trainer, batch: dict, logits, labels=None):
+    """Summed KL(teacher || student) of the class distributions; logits (batch, classes), or for a
+    causal LM (batch, seq, vocab): the next-token distributions at the positions the task loss
+    counts (labels[:, 1:] not -100), so the sum has the task loss's units."""
     import torch
 
     with torch.no_grad():
         target = tr.teacher(**batch, **tr.objective.forward_kwargs).logits.float()
+    if logits.ndim == 3:
+        keep = labels[:, 1:] != -100
+        logits, target = logits[:, :-1][keep], target[:, :-1][keep]
     return torch.nn.functional.kl_div(torch.log_softmax(logits.float(), -1), torch.log_softmax(target, -1),
                                       log_target=True, reduction="sum")
 

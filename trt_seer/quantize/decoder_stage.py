@@ -57,13 +57,23 @@ def weight_only_spec(quant: QuantStageSpec, bits: int) -> WeightOnlySpec:
     return WeightOnlySpec(bits, quant.int4_block, quant.quantize_lm_head)
 
 
-def _uses_awq(quant: QuantStageSpec, bits: int) -> bool:
-    return bits == 4 and not quant.no_awq
+def _uses_awq(quant: QuantStageSpec, bits: int, qat) -> bool:
+    """AWQ for INT4, unless --no-awq or the weights were trained for plain round-to-nearest."""
+    return bits == 4 and not quant.no_awq and qat is None
 
 
-def _key(fp16: dict, quant: QuantStageSpec, spec: WeightOnlySpec, gate: DecoderGate) -> str:
+def int4_qat(info: ModelInfo, quant: QuantStageSpec, bits: int):
+    """The checkpoint's `finetune --qat int4` file for an INT4 build (qat_ranges.Int4Qat), else None;
+    InputError when its block size or LM head differ from the build's."""
+    from trt_seer.quantize import qat_ranges
+
+    return qat_ranges.int4_for_build(info.path, quant) if bits == 4 else None
+
+
+def _key(fp16: dict, quant: QuantStageSpec, spec: WeightOnlySpec, gate: DecoderGate, qat) -> str:
     return sha256_json({"fp16": fp16["sha256"], "data": int8.data_fingerprint(quant), "bits": spec.bits,
-                        "block": spec.block_size, "head": spec.lm_head, "awq": _uses_awq(quant, spec.bits),
+                        "block": spec.block_size, "head": spec.lm_head, "awq": _uses_awq(quant, spec.bits, qat),
+                        "qat": qat.fingerprint() if qat else None,
                         "samples": quant.calib_samples, "batch": quant.calib_batch,
                         "profile": [list(quant.batch), list(quant.seq)], "gate": [gate.max_ppl_increase, gate.min_agreement],
                         "rows": [GATE_ROWS, GATE_LENGTH], "trt_seer": __version__})
@@ -74,13 +84,14 @@ def weight_only_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, quant
     fp16 = pipeline.fp16_onnx(info, art, fp32, quant.force)
     spec = weight_only_spec(quant, bits)
     gate = DecoderGate.for_bits(bits, quant.max_ppl_increase, quant.min_agreement)
-    dest, key = art.path(f"int{bits}.onnx"), _key(fp16, quant, spec, gate)
+    qat = int4_qat(info, quant, bits)
+    dest, key = art.path(f"int{bits}.onnx"), _key(fp16, quant, spec, gate, qat)
     record = None if quant.force else pipeline.up_to_date(dest, manifest.record_path(dest), key)
     cd = int8.load_calib_data(info, quant, ShapeProfile(tuple(quant.batch), tuple(quant.seq)))
     if record:
         log.info("int%d ONNX up to date: %s", bits, dest)
     else:
-        extra = quantize_and_gate(info, art, quant, spec, gate, cd)
+        extra = quantize_and_gate(info, art, quant, spec, gate, cd, qat)
         inherited = {**pipeline.inherit(fp16), **({"decoder": fp16["decoder"]} if "decoder" in fp16 else {})}
         record = pipeline.write_record(dest, {**inherited, "precision": f"int{bits}", "key": key,
                                               "fp32_sha256": fp32["sha256"], "fp16_sha256": fp16["sha256"], **extra})
@@ -152,7 +163,7 @@ def _write(fp16_path: Path, dest: Path, spec: WeightOnlySpec, scales: dict, excl
 
 
 def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantStageSpec, spec: WeightOnlySpec,
-                      gate: DecoderGate, cd: int8.CalibData) -> dict:
+                      gate: DecoderGate, cd: int8.CalibData, qat=None) -> dict:
     """Writes `<name>.int{bits}.onnx` with the fewest GEMMs in FP16 that pass `gate`; returns the
     record's quantization, calibration and accuracy sections. AccuracyGateError (exit 1) if none does."""
     from trt_seer.eval import teacher
@@ -162,7 +173,10 @@ def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantStag
     model16 = onnxio.load(fp16_path)
     targets = weightonly.find_targets(model16, spec)
     scales, awq_report = {}, None
-    if _uses_awq(quant, spec.bits):
+    if qat is not None:
+        log.info("AWQ skipped: %s says finetune --qat int4 trained these weights for round-to-nearest INT4 on "
+                 "the plain weights (blocks of %d); AWQ's rescaling would round different values", qat.path, qat.block)
+    if _uses_awq(quant, spec.bits, qat):
         log.info("searching AWQ scales for %d GEMMs ...", len(targets))
         scales, awq_report = awq_scales(fp32_path, model16, targets, _prefill(fp32_path, cd.calib), spec)
     rows = _teacher_rows(info, cd)
@@ -179,7 +193,10 @@ def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantStag
         dest.unlink(missing_ok=True)
         raise AccuracyGateError(f"INT{spec.bits} cannot pass the accuracy gate even with every layer in FP16 ("
                                 + "; ".join(fails) + "); the table above has every attempt")
-    return {"quantization": _quantization(model16, spec, len(targets), excluded, awq_report),
+    return {"quantization": {**_quantization(model16, spec, len(targets), excluded, awq_report),
+                             "qat": None if qat is None else {"file": str(qat.path), "block": qat.block,
+                                                              "weights": qat.weights,
+                                                              "awq": "skipped: weights trained for round-to-nearest"}},
             "calibration": {"data": quant.calib or "calib/default.txt", "batches": len(cd.calib)},
             "accuracy": {"onnx_vs_fp16": metrics, "measured_on": _measured_on(fp16_path),
                          "gate": {"passed": True, "thresholds": gate.__dict__,

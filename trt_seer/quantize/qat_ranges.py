@@ -10,6 +10,13 @@ input it is (stable across exports) and by the ONNX tensor it was calibrated on 
      "ranges": [{"tensor": "layer_norm", "modules": ["bert.encoder.layer.0.attention.self.query", ...],
                  "amax": 3.21, "initial_amax": 3.05}, ...]}
 
+`finetune --task causal-lm --qat int4` writes the same file with "mode": "int4" and no ranges:
+the block size and the Linears whose weights were trained for build's block-wise round-to-nearest
+(`Int4Qat`, `int4_for_build`); `build --int4` then skips AWQ and needs the same --int4-block.
+
+    {"schema": 1, "mode": "int4", "bits": 4, "block": 128, "lm_head": false,
+     "modules": ["model.layers.0.self_attn.q_proj", ...], "trained": "all", "loss": "labels"}
+
 Attention BMM inputs (`--int8-attention`) are keyed `<attention module>#q|k|p|v` and matched by
 order: the k-th QK^T / PV MatMul pair of the graph belongs to the k-th of "attention_modules".
 
@@ -31,6 +38,7 @@ from trt_seer.quantize.spec import QuantStageSpec
 
 RANGES_FILE = "qat_ranges.json"
 SCHEMA = 1
+INT4_MODE = "int4"
 
 
 @dataclass(frozen=True)
@@ -120,8 +128,10 @@ def find(ckpt: Path | None) -> QatRanges | None:
     path = Path(ckpt) / RANGES_FILE if ckpt is not None else None
     if path is None or not path.is_file():
         return None
+    doc = _read(path)
+    if doc.get("mode") == INT4_MODE:
+        return None  # weight-only INT4 (int4_for_build): no activation ranges
     try:
-        doc = json.loads(path.read_text())
         amax = {m: float(r["amax"]) for r in doc["ranges"] for m in r["modules"]}
         ok = doc.get("schema") == SCHEMA and doc.get("mode") == "w8a8"
         attention = [str(m) for m in doc.get("attention_modules", [])]
@@ -134,6 +144,71 @@ def find(ckpt: Path | None) -> QatRanges | None:
     if not all(s.ndim == 1 and np.isfinite(s).all() and (s > 0).all() for s in smoothing.values()):
         raise InputError(f"{path}: smoothing scales must be 1-D, finite and positive")
     return QatRanges(path, amax, str(doc.get("ranges_trained", "?")), attention, alpha, smoothing)
+
+
+def _read(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError as e:
+        raise InputError(f"malformed {path}: {e!r}; rerun finetune --qat or delete the file") from e
+    if not isinstance(doc, dict):
+        raise InputError(f"malformed {path}: not a JSON object; rerun finetune --qat or delete the file")
+    return doc
+
+
+@dataclass(frozen=True)
+class Int4Qat:
+    """A checkpoint whose weights `finetune --qat int4` trained for build's block-wise INT4."""
+
+    path: Path
+    block: int
+    modules: tuple
+    lm_head: bool
+    weights: str = "latent"  # "rounded": the checkpoint holds the INT4 values themselves
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+
+def find_int4(ckpt: Path | None) -> Int4Qat | None:
+    """The checkpoint's INT4 QAT file, or None without one (or with a w8a8 one)."""
+    path = Path(ckpt) / RANGES_FILE if ckpt is not None else None
+    if path is None or not path.is_file():
+        return None
+    doc = _read(path)
+    if doc.get("mode") != INT4_MODE:
+        return None
+    try:
+        qat = Int4Qat(path, int(doc["block"]), tuple(str(m) for m in doc["modules"]), bool(doc.get("lm_head")),
+                      str(doc.get("weights", "latent")))
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputError(f"malformed {path}: {e!r}; rerun finetune --qat int4 or delete the file") from e
+    if doc.get("schema") != SCHEMA or doc.get("bits") != 4 or not qat.modules:
+        raise InputError(f"{path} is not a schema-{SCHEMA} INT4 QAT file with quantized modules")
+    return qat
+
+
+def int4_for_build(ckpt: Path | None, quant: QuantStageSpec) -> Int4Qat | None:
+    """The INT4 QAT file `build --int4` honours; InputError when the build's INT4 differs from
+    what the weights were trained for (block size, LM head)."""
+    qat = find_int4(ckpt)
+    if qat is None:
+        return None
+    if qat.block != quant.int4_block:
+        raise InputError(f"{qat.path} was trained for INT4 blocks of {qat.block}; build with --int4-block "
+                         f"{qat.block} (got {quant.int4_block})")
+    if quant.quantize_lm_head and not qat.lm_head:
+        raise InputError(f"{qat.path} was trained with the LM head in FP16; drop --quantize-lm-head")
+    return qat
+
+
+def write_int4(dest: Path, block: int, modules: list[str], meta: dict) -> Path:
+    from trt_seer.files import atomic_write_json
+
+    if not modules:
+        raise InputError("no INT4 fake-quantized Linear left to record")
+    return atomic_write_json(Path(dest) / RANGES_FILE, {"schema": SCHEMA, "mode": INT4_MODE, "bits": 4, "block": block,
+                                                        "lm_head": False, **meta, "modules": modules})
 
 
 def tensor_amax(qat: QatRanges, model, targets, tensors: dict, weights: dict) -> dict[str, float]:
