@@ -9,6 +9,10 @@ document per line of a .txt file or per --text-field of .jsonl / .csv (default: 
 evaluated on calib/heldout.txt). Documents are padded, not packed: each is one sequence truncated
 to --max-seq tokens with EOS appended, and the loss ignores padding (label -100); eval reports
 perplexity. A tokenizer without a pad token pads with its EOS token, and is saved that way.
+
+--task feature-extraction (sentence-embedding encoders) takes --qat int8 only: no label to train
+the weights on, so they stay frozen and the activation ranges are distilled on calib/default.txt
+(loss 1 - cosine of the sentence embedding to the FP32 model's; eval on calib/heldout.txt).
 """
 from __future__ import annotations
 
@@ -25,8 +29,9 @@ def add_parser(subparsers, common):
     p = subparsers.add_parser("finetune", help="fine-tune a checkpoint for text classification or as a causal LM "
                                               "(AMP, DDP, ZeRO-1)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common.add_model_args(p, task_help="text-classification (default) or causal-lm (decoders: next-token "
-                                       "loss on plain text)")
+    common.add_model_args(p, task_help="text-classification (default), causal-lm (decoders: next-token "
+                                       "loss on plain text) or feature-extraction (embedding models, with "
+                                       "--qat int8 only: weights frozen, INT8 ranges distilled)")
     _data_args(p.add_argument_group("data"), common)
     _training_args(p.add_argument_group("training"), common)
     _amp_args(p.add_argument_group("mixed precision"))
@@ -89,7 +94,7 @@ def _amp_args(g) -> None:
 
 def _qat_args(g) -> None:
     g.add_argument("--qat", choices=("int8", "int4"), default=None,
-                   help="int8 (text-classification): train with fake INT8 where build --int8 --int8-mode w8a8 "
+                   help="int8 (text-classification, feature-extraction): train with fake INT8 where build --int8 --int8-mode w8a8 "
                         "puts Q/DQ (GEMM inputs per tensor, weights per output channel); writes qat_ranges.json, "
                         "which build uses instead of calibrating. int4 (causal-lm): train with the weights "
                         "build --int4 quantizes fake-quantized block-wise to INT4 (round-to-nearest); build "
@@ -147,11 +152,12 @@ def _qat_spec(args, path):
     for flag, value in (("--int4-block", args.int4_block), ("--qat-weights", args.qat_weights)):
         if value is not None:
             raise InputError(f"{flag} is for --qat int4 (block-wise INT4 weights of causal LMs)")
-    ranges_only = args.qat_train == "ranges"
+    embedding = args.task == "feature-extraction"  # no labels: ranges only, whatever the defaults
+    ranges_only = args.qat_train == "ranges" or (embedding and args.qat_train is None)
     loss = args.qat_loss or ("distill" if ranges_only else "labels")
     range_lr = args.range_lr if args.range_lr is not None else RANGES_ONLY_LR if ranges_only else 1e-3
     return QatSpec(args.qat, path(args.from_calib), args.qat_ranges or "learned", range_lr, args.int8_attention,
-                   loss, 0.5 if args.smooth_alpha is None else args.smooth_alpha, args.qat_train or "all",
+                   loss, 0.5 if args.smooth_alpha is None else args.smooth_alpha, "ranges" if ranges_only else args.qat_train or "all",
                    args.qat_smoothing or "fixed", args.qat_data or ("calib" if ranges_only else "task"))
 
 

@@ -76,7 +76,7 @@ def _run(spec: FinetuneSpec, ctx) -> Path:
         qat_int4.prepare(model, tokenizer, spec.qat.block)
     elif spec.qat is not None:
         teacher = qat.teacher(model, spec.qat)  # before fake quantization goes on
-        qat.prepare(model, tokenizer, spec.qat)
+        qat.prepare(model, tokenizer, spec.qat, spec.task)
         if spec.qat.train == "ranges":
             qat.ranges_only(model)
         if spec.qat.data == "calib":

@@ -7,8 +7,10 @@ metrics.jsonl records:
    "loss_scale" (after the step; null unless fp16), "skipped" (fp16 overflow: no update)}
   {"kind": "epoch", "epoch", "step_end", "steps", "skipped_steps", "train_loss", "samples_per_s",
    "tokens_per_s", "seconds", "peak_memory_bytes", "peak_memory_kind", "eval_loss",
-   "eval_accuracy" (text-classification) | "eval_perplexity" (causal-lm: exp(eval_loss)), "loss_scale"}
-Losses are means over all ranks' examples (causal-lm: over predicted tokens, padding excluded);
+   "eval_accuracy" (text-classification) | "eval_perplexity" (causal-lm: exp(eval_loss)) |
+   "eval_mean_cosine" (feature-extraction --qat int8: 1 - eval_loss, vs the FP32 model), "loss_scale"}
+Losses are means over all ranks' examples (causal-lm: over predicted tokens, padding excluded;
+feature-extraction: 1 - cosine to the FP32 model's sentence embedding);
 tokens count non-padding tokens.
 """
 from __future__ import annotations
@@ -99,13 +101,18 @@ def plot_curves(metrics_path: Path, dest: Path) -> Path:
 
 
 def _plot_eval_metric(ax, epochs: list[dict]) -> None:
-    """Eval accuracy (0..1), or for causal-lm runs eval perplexity (log scale)."""
+    """Eval accuracy (0..1), or for causal-lm runs eval perplexity (log scale), or for
+    feature-extraction the mean cosine of the embeddings to the FP32 model's."""
     if any("eval_perplexity" in r for r in epochs):
         values = [r["eval_perplexity"] for r in epochs]
         ax.plot([r["epoch"] for r in epochs], [_nan(v) for v in values], "o-")
         ax.set(title="eval perplexity", xlabel="epoch")
         if any(v is not None for v in values):  # log of nothing but NaN warns
             ax.set_yscale("log")
+        return
+    if any("eval_mean_cosine" in r for r in epochs):  # feature-extraction: 1 - cosine is eval_loss
+        ax.plot([r["epoch"] for r in epochs], [_nan(r["eval_mean_cosine"]) for r in epochs], "o-")
+        ax.set(title="eval mean cosine to FP32", xlabel="epoch")
         return
     ax.plot([r["epoch"] for r in epochs], [_nan(r["eval_accuracy"]) for r in epochs], "o-")
     ax.set(title="eval accuracy", xlabel="epoch", ylim=(0, 1))

@@ -194,8 +194,9 @@ def linear_weights(model) -> dict:
             if isinstance(m, torch.nn.Linear)}
 
 
-def prepare(model, tokenizer, spec: QatSpec) -> int:
-    """Exports `model` (+ tokenizer) to FP32 ONNX, finds build's W8A8 targets there, smooths them
+def prepare(model, tokenizer, spec: QatSpec, task: str = "text-classification") -> int:
+    """Exports `model` (+ tokenizer) as `task` to FP32 ONNX (a classifier's logits, or an embedding
+    model's token states and sentence embedding), finds build's W8A8 targets there, smooths them
     as build does (SmoothQuant), initialises their ranges and attaches fake quantization. Returns
     the number of quantized Linears."""
     from trt_seer.export import onnxio
@@ -207,7 +208,7 @@ def prepare(model, tokenizer, spec: QatSpec) -> int:
     with tempfile.TemporaryDirectory(prefix="trt_seer_qat_") as tmp:
         ckpt, onnx_path = Path(tmp) / "start", Path(tmp) / "start.fp32.onnx"
         checkpoint.save(model, tokenizer, ckpt)
-        info = resolve_model(ckpt, "text-classification")
+        info = resolve_model(ckpt, task)
         log.info("exporting the starting model to find the GEMMs build quantizes ...")
         onnx_from_checkpoint(info, onnx_path)
         graph = onnxio.load(onnx_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 from trt_seer.errors import InputError, UnsupportedError
 
 AMP_MODES = ("fp16", "bf16", "off")
-TASKS = ("text-classification", "causal-lm")
+TASKS = ("text-classification", "causal-lm", "feature-extraction")  # feature-extraction: --qat int8 only
 DEVICES = ("auto", "cuda", "cpu")
 
 
@@ -86,8 +86,12 @@ class QatSpec:
             return
         if self.weights != "latent":
             raise InputError("--qat-weights is for --qat int4")
-        if task != "text-classification":
-            raise UnsupportedError(f"--qat int8 trains text-classification models (W8A8 encoders), not --task {task}")
+        if task not in ("text-classification", "feature-extraction"):
+            raise UnsupportedError(f"--qat int8 trains W8A8 encoders (--task text-classification or "
+                                   f"feature-extraction), not --task {task}")
+        if task == "feature-extraction" and (self.train, self.loss, self.data) != ("ranges", "distill", "calib"):
+            raise InputError("--task feature-extraction --qat int8 has no label to train weights on: it takes only "
+                             "--qat-train ranges, --qat-loss distill and --qat-data calib (the defaults)")
         if self.ranges not in RANGE_MODES:
             raise InputError(f"unknown --qat-ranges {self.ranges!r}; choose learned or frozen")
         if self.loss not in ("labels", "distill"):
@@ -131,7 +135,7 @@ class FinetuneSpec:
 
     out: Path | None = None  # default: out/<model name>-<task>
     model: Path | None = None  # default: the embedded all-MiniLM-L6-v2
-    task: str = "text-classification"  # or "causal-lm"
+    task: str = "text-classification"  # or "causal-lm", or "feature-extraction" (with --qat int8)
     data: DataSpec = DataSpec()
     amp: AmpSpec = AmpSpec()
     batch: int = 32
@@ -154,6 +158,8 @@ class FinetuneSpec:
             raise UnsupportedError(f"finetune supports --task {', '.join(TASKS)}, not {self.task!r}")
         if self.task == "causal-lm" and self.data.num_labels is not None:
             raise InputError("--num-labels is for text-classification; causal-lm predicts tokens")
+        if self.task == "feature-extraction":
+            self._check_embedding()
         if self.device not in DEVICES:
             raise InputError(f"unknown --device {self.device!r}; choose auto, cuda or cpu")
         for name in ("batch", "accum", "epochs"):
@@ -167,6 +173,16 @@ class FinetuneSpec:
         self.data.check()
         if self.qat is not None:
             self.qat.check(self.task)
+
+    def _check_embedding(self) -> None:
+        """Embeddings have no label: finetune only learns their INT8 ranges, by distillation on the
+        calibration corpus (QatSpec.check)."""
+        if self.qat is None or self.qat.mode != "int8":
+            raise UnsupportedError("finetune has no training objective for --task feature-extraction (no labels); "
+                                   "it learns INT8 activation ranges only: add --qat int8")
+        if self.data.train is not None or self.data.num_labels is not None:
+            raise InputError("--task feature-extraction --qat int8 distils on calib/default.txt (evaluated on "
+                             "calib/heldout.txt): --train, --eval and --num-labels do not apply")
 
     def to_dict(self) -> dict:
         """JSON-ready settings (paths as strings)."""

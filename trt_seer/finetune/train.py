@@ -41,7 +41,7 @@ class Trainer:
     scheduler: object
     scaler: object
     pad_id: int
-    objective: object  # objective.Classification | objective.CausalLM
+    objective: object  # objective.Classification | objective.CausalLM | objective.Embedding
     clip_norm: float = 1.0
     max_steps: int | None = None
     one: object = None  # a device scalar 1.0: scaler.scale(one) reads the loss scale without waiting
@@ -130,9 +130,8 @@ def backward(tr: Trainer, micro_batches: list[dict], step_units: int):
         labels = batch.pop("labels")
         with sync:
             with autocast(tr.ctx, tr.amp):
-                logits = tr.forward(**batch, **tr.objective.forward_kwargs).logits  # (batch, [seq,] classes)
-                loss = tr.objective.loss_sum(logits, labels) if tr.teacher is None else distill_sum(tr, batch, logits,
-                                                                                                     labels)
+                out = tr.objective.predict(tr.forward, batch)  # logits (batch, [seq,] classes) or embeddings
+                loss = tr.objective.loss_sum(out, labels) if tr.teacher is None else distill_sum(tr, batch, out, labels)
             # DDP averages gradients over ranks: multiply back so the result is a sum / step_units
             loss = loss * (tr.ctx.world / max(step_units, 1))
             tr.scaler.scale(loss).backward()
@@ -144,11 +143,14 @@ def backward(tr: Trainer, micro_batches: list[dict], step_units: int):
 def distill_sum(tr: Trainer, batch: dict, logits, labels=None):
     """Summed KL(teacher || student) of the class distributions; logits (batch, classes), or for a
     causal LM (batch, seq, vocab): the next-token distributions at the positions the task loss
-    counts (labels[:, 1:] not -100), so the sum has the task loss's units."""
+    counts (labels[:, 1:] not -100), so the sum has the task loss's units. Embeddings: the
+    objective's own loss against the teacher's embeddings (1 - cosine)."""
     import torch
 
     with torch.no_grad():
-        target = tr.teacher(**batch, **tr.objective.forward_kwargs).logits.float()
+        target = tr.objective.predict(tr.teacher, batch).float()
+    if tr.objective.target_from_teacher:
+        return tr.objective.loss_sum(logits, target)
     if logits.ndim == 3:
         keep = labels[:, 1:] != -100
         logits, target = logits[:, :-1][keep], target[:, :-1][keep]
@@ -283,8 +285,10 @@ def evaluate(tr: Trainer, data: Encoded, batch: int) -> dict:
             inputs = to_device(collate(data, indices, tr.pad_id), tr.ctx)
             labels = inputs.pop("labels")
             with autocast(tr.ctx, tr.amp):
-                logits = tr.module(**inputs, **tr.objective.forward_kwargs).logits  # (batch, [seq,] classes)
-            sums = [a + b for a, b in zip(sums, tr.objective.eval_sums(logits, labels))]
+                out = tr.objective.predict(tr.module, inputs)  # (batch, [seq,] classes) or embeddings
+                if tr.objective.target_from_teacher:  # embeddings: compared with the FP32 model's
+                    labels = tr.objective.predict(tr.teacher, inputs)
+            sums = [a + b for a, b in zip(sums, tr.objective.eval_sums(out, labels))]
     tr.module.train()
     return tr.objective.eval_metrics(distributed.all_sum(tr.ctx, sums))
 
