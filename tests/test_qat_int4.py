@@ -173,13 +173,14 @@ def test_int4_block_without_int4_qat_is_refused(lm, capsys):
 def test_causal_distillation_counts_the_task_losss_positions_only():
     import torch
 
+    from trt_seer.finetune.objective import for_task
     from trt_seer.finetune.train import distill_sum
 
     g = torch.Generator().manual_seed(0)
     student, teacher = torch.randn(2, 5, 11, generator=g), torch.randn(2, 5, 11, generator=g)
     labels = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, -100, -100]])
     tr = SimpleNamespace(teacher=lambda **_: SimpleNamespace(logits=teacher),
-                         objective=SimpleNamespace(forward_kwargs={}))
+                         objective=for_task("causal-lm"))
     got = distill_sum(tr, {}, student, labels)
     p, q = torch.log_softmax(teacher, -1), torch.log_softmax(student, -1)
     kl = (p.exp() * (p - q)).sum(-1)  # (2, 5): position t predicts token t + 1
