@@ -13,6 +13,16 @@
 3. Accuracy against the labels of the embedded topics corpus's evaluation split (every 10th line,
    never trained on) for each FP32 and Q/DQ graph (ONNX Runtime CPU), next to what each build's
    gate measured (top-1 agreement with its own FP32 on calib/heldout.txt) and the GEMMs it kept in FP16.
+
+Embedding models (--embedding; --base defaults to the embedded all-MiniLM-L6-v2):
+
+    python tools/bench_qat.py --embedding --work runs/emb --ranges-epochs 3 [--int8-attention] [--append docs/BENCHMARKS.md]
+
+PTQ, then `finetune --task feature-extraction --qat int8` (weights frozen, ranges distilled on
+calib/default.txt against the FP32 sentence embedding, started from PTQ's cache) and the same build;
+each row: the gate's mean / min cosine to FP32 (first 160 lines of calib/heldout.txt) with every
+GEMM in INT8 and after the fallback, the GEMMs kept in FP16, and the final Q/DQ graph's cosine to
+the FP32 graph on all of calib/heldout.txt (ONNX Runtime CPU).
 """
 from __future__ import annotations
 
@@ -83,6 +93,47 @@ def finetuned(base: Path, out: Path, steps: int, *extra: str, epochs: int = 1, a
     return training["metrics"]["optimizer_steps"], training["seconds"]
 
 
+def heldout_cosine(ckpt: Path, out: Path) -> dict:
+    """Sentence-embedding cosine of the final Q/DQ graph to the FP32 graph on all of calib/heldout.txt."""
+    from trt_seer import data
+    from trt_seer.eval.evaluate import merge, run_batches, session
+    from trt_seer.eval.metrics import embedding_metrics
+    from trt_seer.export.families import ShapeProfile, resolve_model
+
+    info = resolve_model(ckpt, "feature-extraction")
+    texts = data.load_texts(data.default_corpus("heldout"))
+    batches = list(data.token_batches(info, texts, ShapeProfile((1, 8, 32), (8, 64, 128)), 16))
+    ref, cand = (merge(info.task, run_batches(session(out / f"{ckpt.name}.{p}.onnx"), batches), batches)
+                 for p in ("fp32", "int8"))
+    return embedding_metrics(ref["sentence_embedding"], cand["sentence_embedding"])
+
+
+def embedding_row(label: str, ckpt: Path, out: Path, rec: dict) -> list[str]:
+    gate = rec["accuracy"]["gate"]["table"]
+    first, last = gate[0][1], gate[-1][1]
+    held = heldout_cosine(ckpt, out)
+    return [label, f"{first['mean_cosine']:.5f} ({'pass' if gate[0][2] else 'FAIL'})", f"{first['min_cosine']:.5f}",
+            str(len(rec["quantization"]["int8_gemms"]["fp16_fallback"])), f"{last['mean_cosine']:.5f}",
+            f"{last['min_cosine']:.5f}", f"{held['mean_cosine']:.5f} / {held['min_cosine']:.5f} ({held['samples']})"]
+
+
+def embedding_rows(base: Path, work: Path, tag: str, attn: list, args) -> tuple[list, list[str]]:
+    """PTQ and ranges-only QAT (one per seed) of an embedding model; (rows, header)."""
+    ptq = work / f"ptq{tag}"
+    rows = [embedding_row("PTQ, SmoothQuant 0.5 (build default)", base, ptq, build(base, ptq, *attn))]
+    for seed in args.seeds:
+        qat = work / f"qat{tag}-emb{f'-s{seed}' if seed else ''}"
+        steps, seconds = finetuned(base, qat, 10**6, "--task", "feature-extraction", "--qat", "int8", *attn, "--seed",
+                                   str(seed), "--from-calib", str(ptq / "calibration.cache"),
+                                   epochs=args.ranges_epochs, amp="off")
+        rows.append(embedding_row(f"QAT, {steps} steps, weights frozen, ranges distilled (1 - cosine), seed {seed} "
+                                  f"({seconds / 60:.1f} min)", qat, work / f"{qat.name}-build",
+                                  build(qat, work / f"{qat.name}-build", *attn)))
+    head = ["model", "gate, all GEMMs INT8 (mean cosine)", "all-INT8 min cosine", "GEMMs kept FP16",
+            "gate, final (mean cosine)", "final min cosine", "final vs FP32 on calib/heldout.txt (mean / min)"]
+    return rows, head
+
+
 RUNS = {  # kind: (directory suffix, finetune arguments, label)
     "learned": ("", [], "labels, learned ranges"),
     "frozen": ("-frozen", ["--qat-ranges", "frozen"], "labels, frozen ranges"),
@@ -109,7 +160,10 @@ def qat_row(base: Path, work: Path, kind: str, seed: int, tag: str, attn: list, 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--base", required=True, help="fine-tuned classifier checkpoint")
+    p.add_argument("--base", default=None, help="fine-tuned classifier checkpoint (--embedding: an embedding model, "
+                                                "default the embedded all-MiniLM-L6-v2)")
+    p.add_argument("--embedding", action="store_true",
+                   help="PTQ vs finetune --task feature-extraction --qat int8 (sentence-embedding cosine)")
     p.add_argument("--work", required=True, help="directory for builds and checkpoints (reused when there)")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--int8-attention", action="store_true", help="quantize attention BMMs too (builds and QAT)")
@@ -123,8 +177,12 @@ def main(argv=None) -> int:
                    help="also PTQ of the base fine-tuned --steps more without QAT (same settings)")
     p.add_argument("--append", default=None)
     args = p.parse_args(argv)
-    base, work = Path(args.base).resolve(), Path(args.work).resolve()
+    if args.base is None and not args.embedding:
+        p.error("--base is required (a fine-tuned classifier)")
     attn, tag = (["--int8-attention"], "A") if args.int8_attention else ([], "")
+    if args.embedding:
+        return embedding_main(args, attn, tag)
+    base, work = Path(args.base).resolve(), Path(args.work).resolve()
     rows = [row("PTQ, SmoothQuant 0.5 (build default)", base, work / f"ptq{tag}", build(base, work / f"ptq{tag}", *attn))]
     if args.control:
         steps, seconds = finetuned(base, work / "cont", args.steps)
@@ -151,6 +209,31 @@ def main(argv=None) -> int:
                    f"{' '.join(args.qat)} --ranges-epochs {args.ranges_epochs} --seeds {' '.join(map(str, args.seeds))}"
                    f"{' --control' if args.control else ''} {' '.join(attn)}").strip()
         append_benchmark(Path(args.append), "W8A8 PTQ vs QAT (finetune --qat int8)", command, "CPU", text)
+    return 0
+
+
+def embedding_main(args, attn: list, tag: str) -> int:
+    from trt_seer.export.families import default_checkpoint
+
+    base = Path(args.base).resolve() if args.base else Path(default_checkpoint())
+    rows, head = embedding_rows(base, Path(args.work).resolve(), tag, attn, args)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+    text = "\n".join(lines) + (f"\n\nModel {base.name}{' with --int8-attention' if attn else ''}, build profile "
+                                f"{' '.join(PROFILE)}. QAT: `finetune --task feature-extraction --qat int8`, weights "
+                                f"frozen, FP32, batch 32, {args.ranges_epochs} epochs over calib/default.txt (1316 "
+                                "texts, none in calib/heldout.txt), loss 1 - cosine of the sentence embedding to the "
+                                "FP32 model's, default --range-lr, ranges started from the PTQ row's calibration cache "
+                                "(--from-calib). Gate: mean cosine >= 0.99 and min >= 0.97 against the build's own "
+                                "FP32 on the first 160 lines of calib/heldout.txt; last column: all 398 lines, ONNX "
+                                "Runtime CPU, final Q/DQ graph vs FP32 graph. 2 shared CPU cores.")
+    print(text)
+    if args.append:
+        from trt_seer.bench.report import append_benchmark
+
+        command = (f"python tools/bench_qat.py --embedding --work <dir> --ranges-epochs {args.ranges_epochs} "
+                   f"--seeds {' '.join(map(str, args.seeds))} {' '.join(attn)}").strip()
+        append_benchmark(Path(args.append), "W8A8 PTQ vs QAT for an embedding model (finetune --task "
+                         "feature-extraction --qat int8)", command, "CPU", text)
     return 0
 
 
