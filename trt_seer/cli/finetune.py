@@ -94,9 +94,9 @@ def _amp_args(g) -> None:
 
 def _qat_args(g) -> None:
     g.add_argument("--qat", choices=("int8", "int4"), default=None,
-                   help="int8 (text-classification, feature-extraction): train with fake INT8 where build --int8 --int8-mode w8a8 "
-                        "puts Q/DQ (GEMM inputs per tensor, weights per output channel); writes qat_ranges.json, "
-                        "which build uses instead of calibrating. int4 (causal-lm): train with the weights "
+                   help="int8 (text-classification, feature-extraction): train with fake INT8 where build --int8 "
+                        "--int8-mode w8a8 puts Q/DQ (GEMM inputs per tensor, weights per output channel); writes "
+                        "qat_ranges.json, which build uses instead of calibrating. int4 (causal-lm): train with the weights "
                         "build --int4 quantizes fake-quantized block-wise to INT4 (round-to-nearest); build "
                         "--int4 then skips AWQ")
     g.add_argument("--int4-block", type=int, default=None, metavar="N",
@@ -154,10 +154,11 @@ def _qat_spec(args, path):
             raise InputError(f"{flag} is for --qat int4 (block-wise INT4 weights of causal LMs)")
     embedding = args.task == "feature-extraction"  # no labels: ranges only, whatever the defaults
     ranges_only = args.qat_train == "ranges" or (embedding and args.qat_train is None)
+    train = "ranges" if ranges_only else args.qat_train or "all"
     loss = args.qat_loss or ("distill" if ranges_only else "labels")
     range_lr = args.range_lr if args.range_lr is not None else RANGES_ONLY_LR if ranges_only else 1e-3
     return QatSpec(args.qat, path(args.from_calib), args.qat_ranges or "learned", range_lr, args.int8_attention,
-                   loss, 0.5 if args.smooth_alpha is None else args.smooth_alpha, "ranges" if ranges_only else args.qat_train or "all",
+                   loss, 0.5 if args.smooth_alpha is None else args.smooth_alpha, train,
                    args.qat_smoothing or "fixed", args.qat_data or ("calib" if ranges_only else "task"))
 
 
