@@ -212,13 +212,29 @@ def main(argv=None) -> int:
     return 0
 
 
+def machine() -> str:
+    """CPU model and cores, Python and library versions (what ran finetune and ONNX Runtime)."""
+    import platform
+
+    import onnxruntime
+    import torch
+
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+             if line.startswith("model name")] if info.is_file() else []
+    cpu = names[0] if names else platform.processor() or "CPU"
+    return (f"{cpu}, {os.cpu_count()} cores (shared); no GPU used; {platform.system()}, Python "
+            f"{platform.python_version()}, torch {torch.__version__}, onnxruntime {onnxruntime.__version__}")
+
+
 def embedding_main(args, attn: list, tag: str) -> int:
     from trt_seer.export.families import default_checkpoint
 
     base = Path(args.base).resolve() if args.base else Path(default_checkpoint())
     rows, head = embedding_rows(base, Path(args.work).resolve(), tag, attn, args)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
-    text = "\n".join(lines) + (f"\n\nModel {base.name}{' with --int8-attention' if attn else ''}, build profile "
+    name = base.name if args.base else "all-MiniLM-L6-v2 (the embedded default)"
+    text = "\n".join(lines) + (f"\n\nModel {name}{' with --int8-attention' if attn else ''}, build profile "
                                 f"{' '.join(PROFILE)}. QAT: `finetune --task feature-extraction --qat int8`, weights "
                                 f"frozen, FP32, batch 32, {args.ranges_epochs} epochs over calib/default.txt (1316 "
                                 "texts, none in calib/heldout.txt), loss 1 - cosine of the sentence embedding to the "
@@ -233,7 +249,7 @@ def embedding_main(args, attn: list, tag: str) -> int:
         command = (f"python tools/bench_qat.py --embedding --work <dir> --ranges-epochs {args.ranges_epochs} "
                    f"--seeds {' '.join(map(str, args.seeds))} {' '.join(attn)}").strip()
         append_benchmark(Path(args.append), "W8A8 PTQ vs QAT for an embedding model (finetune --task "
-                         "feature-extraction --qat int8)", command, "CPU", text)
+                         "feature-extraction --qat int8)", command, machine(), text)
     return 0
 
 
