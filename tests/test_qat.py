@@ -85,24 +85,30 @@ def test_build_takes_the_trained_ranges_as_qdq_scales(qat_built):
     assert rec["calibration"]["qat_ranges"].endswith(qat_ranges.RANGES_FILE)
     assert rec["calibration"]["smooth_alpha"] == 0.5 and rec["quantization"]["mode"] == "w8a8"
     assert rec["accuracy"]["gate"]["passed"] and rec["quantization"]["int8_gemms"]["fp16_fallback"] == []
-    fp32 = onnxio.load(qat_built / "eng" / "qat.fp32.onnx")
-    targets = qdq.find_targets(fp32, qdq.QuantSpec(attention=True), "text-classification")
-    linear = qat_ranges.linear_nodes(fp32, qat_ranges.checkpoint_weights(qat_built / "qat"), targets)
-    keys = qat_ranges.target_keys(linear, targets, ranges_by_module(qat_built / "qat")[0]["attention_modules"])
-    int8 = onnxio.load(qat_built / "eng" / "qat.int8.onnx")
-    scales = {t.name: float(np.asarray(onnxio_array(t)).reshape(-1)[0]) for t in int8.graph.initializer
-              if t.name.endswith("__scale")}
+    checked = assert_scales_are_trained_amax(qat_built / "eng", qat_built / "qat", "text-classification", amax)
+    assert checked == len(amax) == 13 + 8  # 13 Linears, 2 x 4 BMM inputs
+    cache = calibrate.read_cache(qat_built / "c.cache")  # TensorRT's cache carries the same ranges
+    assert max(abs(cache[t] * calibrate.INT8_MAX / a - 1) for t, a in _tensor_amax(qat_built).items()) < 1e-5
+    m = manifest.read_engine_manifest(qat_built / "eng" / "qat.int8.manifest.json")
+    assert m["precision"] == "int8" and (qat_built / "eng" / m["engine"]["file"]).is_file()
+
+
+def assert_scales_are_trained_amax(eng, ckpt, task: str, amax: dict) -> int:
+    """Every activation Q/DQ scale of `eng`/qat.int8.onnx is the trained amax / 127 (in FP16) of the
+    range key its GEMM input maps to; returns how many scales were checked."""
+    fp32 = onnxio.load(eng / "qat.fp32.onnx")
+    targets = qdq.find_targets(fp32, qdq.QuantSpec(attention=True), task)
+    linear = qat_ranges.linear_nodes(fp32, qat_ranges.checkpoint_weights(ckpt), targets)
+    keys = qat_ranges.target_keys(linear, targets, ranges_by_module(ckpt)[0]["attention_modules"])
+    scales = {t.name: float(np.asarray(onnxio_array(t)).reshape(-1)[0])
+              for t in onnxio.load(eng / "qat.int8.onnx").graph.initializer if t.name.endswith("__scale")}
     checked = 0
     for t in targets:
         for i in t.activations:
             expected = np.float16(amax[qat_ranges.input_key(keys[t.node], i)] / calibrate.INT8_MAX)
             assert scales[f"{t.node}_in{i}__scale"] == pytest.approx(float(expected), rel=1e-6)
             checked += 1
-    assert checked == len(amax) == 13 + 8  # 13 Linears, 2 x 4 BMM inputs
-    cache = calibrate.read_cache(qat_built / "c.cache")  # TensorRT's cache carries the same ranges
-    assert max(abs(cache[t] * calibrate.INT8_MAX / a - 1) for t, a in _tensor_amax(qat_built).items()) < 1e-5
-    m = manifest.read_engine_manifest(qat_built / "eng" / "qat.int8.manifest.json")
-    assert m["precision"] == "int8" and (qat_built / "eng" / m["engine"]["file"]).is_file()
+    return checked
 
 
 def onnxio_array(t):

@@ -9,13 +9,12 @@ import json
 import numpy as np
 import pytest
 from test_finetune import save_tokenizer
-from test_qat import PROFILE, needs_trt, one_line_error, onnxio_array, ranges_by_module
+from test_qat import PROFILE, assert_scales_are_trained_amax, needs_trt, one_line_error, ranges_by_module
 from tiny import make_tiny_checkpoint
 
 from trt_seer.cli import main
 from trt_seer.engine import trt
-from trt_seer.export import onnxio
-from trt_seer.quantize import calibrate, qat_ranges, qdq
+from trt_seer.quantize import calibrate, qat_ranges
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TASK = "feature-extraction"
@@ -83,18 +82,7 @@ def test_build_takes_the_trained_ranges_and_passes_the_cosine_gate(emb_built):
     assert rec["calibration"]["qat_ranges"].endswith(qat_ranges.RANGES_FILE)
     gate = rec["accuracy"]["gate"]
     assert gate["passed"] and rec["quantization"]["int8_gemms"]["fp16_fallback"] == []
-    fp32 = onnxio.load(eng / "qat.fp32.onnx")
-    targets = qdq.find_targets(fp32, qdq.QuantSpec(attention=True), TASK)
-    linear = qat_ranges.linear_nodes(fp32, qat_ranges.checkpoint_weights(emb_built / "qat"), targets)
-    keys = qat_ranges.target_keys(linear, targets, ranges_by_module(emb_built / "qat")[0]["attention_modules"])
-    scales = {t.name: float(np.asarray(onnxio_array(t)).reshape(-1)[0])
-              for t in onnxio.load(eng / "qat.int8.onnx").graph.initializer if t.name.endswith("__scale")}
-    checked = 0
-    for t in targets:
-        for i in t.activations:
-            expected = np.float16(amax[qat_ranges.input_key(keys[t.node], i)] / calibrate.INT8_MAX)
-            assert scales[f"{t.node}_in{i}__scale"] == pytest.approx(float(expected), rel=1e-6)
-            checked += 1
+    checked = assert_scales_are_trained_amax(eng, emb_built / "qat", TASK, amax)
     assert checked == len(amax) == 12 + 8
     doc, _ = ranges_by_module(emb_built / "qat")
     cache = calibrate.read_cache(emb_built / "c.cache")  # TensorRT's cache carries the trained ranges
