@@ -324,15 +324,16 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantSt
     mode = resolve_mode(quant)
     qat = qat_ranges.for_build(info.path, mode, quant)  # ranges trained by finetune --qat: no calibration
     src32, base16 = fp32_path, art.path("fp16.onnx")
+    modules = qat_ranges.build_modules(fp32_path, targets, info.path) if qat else None
     if quant.smooth_alpha > 0 and mode == "w8a8":  # smoothing only helps activation quantization
         learned = None
         if qat and qat.smoothing:
             def learned(xs):
-                return qat_ranges.smooth_scales(qat, fp32_path, targets, xs, info.path)
+                return qat_ranges.smooth_scales(qat, modules, xs)
         src32, base16 = _smoothed(fp32_path, nodes, cd, quant.smooth_alpha, work, learned)
     tensors = quantize.activation_tensors(onnxio.load(src32, False), targets)
     if qat:
-        amax_t = qat_ranges.build_amax(qat, fp32_path, targets, tensors, info.path)
+        amax_t = qat_ranges.build_amax(qat, modules, targets, tensors)
     else:
         amax_t = _ranges(src32, tensors, cd, quant)
     _write_cache(cache_path(info, quant), amax_t)

@@ -211,10 +211,11 @@ def write_int4(dest: Path, block: int, modules: list[str], meta: dict) -> Path:
                                                         "lm_head": False, **meta, "modules": modules})
 
 
-def tensor_amax(qat: QatRanges, model, targets, tensors: dict, weights: dict) -> dict[str, float]:
-    """{activation tensor of `model`: trained amax} for `tensors` ((node, input) -> tensor, as
-    `qdq.activation_tensors` gives); InputError for a quantized input the ranges do not cover."""
-    keys = target_keys(linear_nodes(model, weights, targets), targets, qat.attention_modules)
+def tensor_amax(qat: QatRanges, modules: dict[str, str], targets, tensors: dict) -> dict[str, float]:
+    """{activation tensor: trained amax} for `tensors` ((node, input) -> tensor, as
+    `qdq.activation_tensors` gives), GEMM nodes named as `modules` (`linear_nodes`) maps them;
+    InputError for a quantized input the ranges do not cover."""
+    keys = target_keys(modules, targets, qat.attention_modules)
     out: dict[str, float] = {}
     for (node, i), tensor in tensors.items():
         key = input_key(keys[node], i)
@@ -249,13 +250,18 @@ def for_build(ckpt: Path | None, mode: str, quant: QuantStageSpec) -> QatRanges 
     return qat
 
 
-def smooth_scales(qat: QatRanges, fp32_path: Path, targets, xs: dict, ckpt: Path) -> dict:
-    """{activation tensor of the build's FP32 graph: learned s} for the smoothing groups `xs`
-    ({tensor: GEMM nodes reading it}, smooth.groups), matched to modules through the checkpoint's
-    weights. InputError for a group the file does not cover, or whose GEMMs disagree."""
+def build_modules(fp32_path: Path, targets, ckpt: Path) -> dict[str, str]:
+    """GEMM node of the build's FP32 graph -> the checkpoint's module name (`linear_nodes`): loads
+    the graph and the weights once per build, for `smooth_scales` and `build_amax` alike."""
     from trt_seer.export import onnxio
 
-    modules = linear_nodes(onnxio.load(fp32_path), checkpoint_weights(ckpt), targets)
+    return linear_nodes(onnxio.load(fp32_path), checkpoint_weights(ckpt), targets)
+
+
+def smooth_scales(qat: QatRanges, modules: dict[str, str], xs: dict) -> dict:
+    """{activation tensor of the build's FP32 graph: learned s} for the smoothing groups `xs`
+    ({tensor: GEMM nodes reading it}, smooth.groups), GEMMs named as `build_modules` maps them.
+    InputError for a group the file does not cover, or whose GEMMs disagree."""
     out = {}
     for x, gemms in xs.items():
         found = [qat.smoothing.get(modules.get(g.name)) for g in gemms]
@@ -266,16 +272,14 @@ def smooth_scales(qat: QatRanges, fp32_path: Path, targets, xs: dict, ckpt: Path
     return out
 
 
-def build_amax(qat: QatRanges, fp32_path: Path, targets, tensors: dict, ckpt: Path) -> dict[str, float]:
+def build_amax(qat: QatRanges, modules: dict[str, str], targets, tensors: dict) -> dict[str, float]:
     """`tensor_amax` for `tensors` (of the smoothed graph, if any), GEMMs matched to modules on the
-    build's unsmoothed FP32 graph through the checkpoint's weights."""
+    build's unsmoothed FP32 graph (`build_modules`)."""
     import logging
-
-    from trt_seer.export import onnxio
 
     logging.getLogger(__name__).info("activation ranges from %s (trained by finetune --qat, %s), not calibrated",
                                      qat.path, qat.trained)
-    return tensor_amax(qat, onnxio.load(fp32_path), targets, tensors, checkpoint_weights(ckpt))
+    return tensor_amax(qat, modules, targets, tensors)
 
 
 def fingerprint(ckpt: Path | None) -> str | None:
