@@ -194,6 +194,29 @@ class _Owned:
         self.close()
 
 
+class ByteViews:
+    """Typed numpy views of one byte array (no copies), kept per (shape, dtype) up to VIEW_CACHE, so
+    a caller that stages the same shapes allocates nothing per call. `what` names the bytes in the
+    error for a view that does not fit."""
+
+    def __init__(self, raw: np.ndarray, what: str):
+        self.raw, self.what = raw, what
+        self._views: dict[tuple, np.ndarray] = {}
+
+    def get(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        key = (tuple(shape), dtype)
+        view = self._views.get(key)
+        if view is None:
+            dt = np.dtype(dtype)
+            need = int(np.prod(key[0], dtype=np.int64)) * dt.itemsize
+            if need > self.raw.nbytes:
+                raise ValueError(f"{list(key[0])} {dt.name} needs {need} bytes; {self.what} holds {self.raw.nbytes}")
+            view = self.raw[:need].view(dt).reshape(key[0])
+            if len(self._views) < VIEW_CACHE:
+                self._views[key] = view
+        return view
+
+
 def _free_buffers(host_ptr: int, device_ptr: int) -> None:
     rt = cudart()
     cuda_call(rt.cudaFree(device_ptr), "cudaFree")
@@ -218,8 +241,8 @@ class HostDeviceBuffer(_Owned):
             cuda_call(rt.cudaFreeHost(host_ptr), "cudaFreeHost")
             raise
         self.host_ptr, self.device_ptr = int(host_ptr), int(device_ptr)
-        self._host = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(self.host_ptr))
-        self._views: dict[tuple, np.ndarray] = {}
+        host = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(self.host_ptr))
+        self._views = ByteViews(host[:self.nbytes], "the buffer")
         self._finalizer = weakref.finalize(self, _free_buffers, self.host_ptr, self.device_ptr)
 
     def host_view(self, shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -227,20 +250,7 @@ class HostDeviceBuffer(_Owned):
         per (shape, dtype), so a caller that stages the same shapes allocates nothing per call."""
         if self.closed:
             raise CudaError("buffer is closed", name="closed")
-        key = (tuple(shape), dtype)
-        view = self._views.get(key)
-        if view is None:
-            view = self._new_view(key[0], np.dtype(dtype))
-            if len(self._views) < VIEW_CACHE:
-                self._views[key] = view
-        return view
-
-    def _new_view(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        count = int(np.prod(shape, dtype=np.int64))
-        if count * dtype.itemsize > self.nbytes:
-            raise ValueError(f"view {shape} {dtype} needs {count * dtype.itemsize} bytes; "
-                             f"buffer holds {self.nbytes}")
-        return self._host[:count * dtype.itemsize].view(dtype).reshape(shape)
+        return self._views.get(shape, dtype)
 
     def h2d_async(self, stream: "Stream | int", nbytes: int | None = None) -> None:
         copy_async(self.device_ptr, self.host_ptr, self._size(nbytes), "HostToDevice", stream)
@@ -256,8 +266,7 @@ class HostDeviceBuffer(_Owned):
         return n
 
     def close(self) -> None:
-        self._host = None
-        self._views = {}
+        self._views = None
         super().close()
 
 

@@ -32,20 +32,10 @@ class Region:
     def __init__(self, staging: cuda.HostDeviceBuffer, offset: int, size: int):
         self.offset, self.size = offset, size
         self.device_ptr = staging.device_ptr + offset
-        self._bytes = staging.host_view((staging.nbytes,), np.uint8)[offset:offset + size]
-        self._views: dict[tuple, np.ndarray] = {}
+        self._views = cuda.ByteViews(staging.host_view((staging.nbytes,), np.uint8)[offset:offset + size], "the region")
 
     def host_view(self, shape: tuple[int, ...], dtype) -> np.ndarray:
-        key = (shape, dtype)
-        view = self._views.get(key)
-        if view is None:
-            count = nbytes(shape, dtype)
-            if count > self.size:
-                raise ValueError(f"{list(shape)} {np.dtype(dtype).name} needs {count} bytes; the region holds {self.size}")
-            view = self._bytes[:count].view(dtype).reshape(shape)
-            if len(self._views) < cuda.VIEW_CACHE:
-                self._views[key] = view
-        return view
+        return self._views.get(shape, dtype)
 
 
 def staging_regions(specs) -> tuple[cuda.HostDeviceBuffer, dict[str, Region]]:
