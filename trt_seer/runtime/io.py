@@ -224,7 +224,7 @@ class FeedCheck:
 
     def __call__(self, feeds: Mapping, *, allow_device: bool = False,
                  consumer_stream: int | None = None) -> tuple[dict, tuple]:
-        fast = self._seen(feeds)
+        fast = self.seen(feeds)
         if fast is not None:
             return fast
         valid = validate_feeds(self.specs, feeds, allow_device=allow_device, consumer_stream=consumer_stream)
@@ -233,7 +233,7 @@ class FeedCheck:
             self._passed.add(key)
         return valid, key
 
-    def _seen(self, feeds) -> tuple[dict, tuple] | None:
+    def seen(self, feeds) -> tuple[dict, tuple] | None:
         """The fast answer, or None when anything differs from a combination that passed before."""
         if type(feeds) is not dict or len(feeds) != len(self._dtypes):
             return None

@@ -4,12 +4,14 @@
 graphs and the shape / address state TensorRT was last enqueued with. `SlotPool`: the free slots
 behind a `CallGate`, so `close()` waits for calls in flight and callers waiting for a slot give up.
 `EnginePending`: an enqueued call; `result()` waits and returns what the call asked for.
+`Plan`: what a repeated synchronous call needs, worked out once per input shapes and outputs.
 """
 from __future__ import annotations
 
 import collections
 import threading
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -49,6 +51,20 @@ def staging_regions(specs) -> tuple[cuda.HostDeviceBuffer, dict[str, Region]]:
     return staging, {name: Region(staging, off, size) for name, (off, size) in offsets.items()}
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A repeated call's work on one slot, for one combination of input shapes (`key`) and returned
+    outputs (`selected`, the model's cached selection): where each input is staged (`views`, in
+    input order), how many staging bytes go to the GPU (`staged`), and per returned output
+    (name, pinned host view, host address, device address, bytes) to copy back."""
+
+    key: tuple
+    selected: tuple
+    views: tuple
+    staged: int
+    copies: tuple
+
+
 class Slot:
     """One execution context. `dirty` is True while the context's input shapes or tensor addresses
     differ from those of its last `enqueueV3`: TensorRT redoes shape-dependent work on the next
@@ -57,23 +73,26 @@ class Slot:
     def __init__(self, model: Model):
         self.context = model._new_context()
         self.input_names = model.input_names
+        self.input_dtypes = tuple(np.dtype(s.dtype) for s in model.inputs)
         self.stream = cuda.Stream()
         self.start, self.end = cuda.Event(), cuda.Event()
         self.done, self.ready = cuda.Event(timing=False), cuda.Event(timing=False)
         self.staging, self.inputs = staging_regions(model.inputs)
         self.shapes: dict[str, tuple[int, ...]] = {}
+        self._key: tuple | None = None  # the shapes last set, all inputs at once
         self.addresses: dict[str, int] = {}
         self.foreign: set[str] = set()  # tensors bound to caller memory, not this slot's buffers
         self.dirty = True
         self.graphs: collections.OrderedDict = collections.OrderedDict()
         self._out_shapes: dict[tuple, dict[str, tuple[int, ...]]] = {}
+        self._plans: dict[tuple, Plan] = {}
         self.output_names = model.output_names
         max_out = self._max_output_shapes(model)
         self.outputs = {s.name: cuda.HostDeviceBuffer(nbytes(max_out[s.name], s.dtype)) for s in model.outputs}
         self.own = {**{n: b.device_ptr for n, b in self.inputs.items()},
                     **{n: b.device_ptr for n, b in self.outputs.items()}}
-        for name, buf in self.outputs.items():
-            self.bind(name, buf.device_ptr)
+        for name, address in self.own.items():  # so `not foreign` means every tensor is in place
+            self.bind(name, address)
 
     def _max_output_shapes(self, model: Model) -> dict[str, tuple[int, ...]]:
         shapes = self.output_shapes(tuple(s.max_shape for s in model.inputs))
@@ -85,12 +104,15 @@ class Slot:
 
     def set_shapes(self, key: tuple[tuple[int, ...], ...]) -> None:
         """Sets every input's shape (`key`: one shape per input, in the model's input order)."""
+        if key == self._key:
+            return
         for name, shape in zip(self.input_names, key):
             if self.shapes.get(name) != shape:
                 if not self.context.set_input_shape(name, shape):
                     raise InputError(f"TensorRT rejected shape {list(shape)} for input {name}")
                 self.shapes[name] = shape
                 self.dirty = True
+        self._key = key
 
     def output_shapes(self, key: tuple) -> dict[str, tuple[int, ...]]:
         """Every output's shape for the input shapes `key` (set here; cached per key)."""
@@ -101,6 +123,24 @@ class Slot:
             if len(self._out_shapes) < CACHE_LIMIT:
                 self._out_shapes[key] = shapes
         return shapes
+
+    def plan(self, key: tuple, selected: tuple) -> Plan:
+        """The Plan of host inputs of shapes `key` returning `selected` (cached per slot)."""
+        cached = self._plans.get((key, id(selected)))
+        if cached is not None and cached.selected is selected:
+            return cached
+        shapes = self.output_shapes(key)
+        regions = [self.inputs[n] for n in self.input_names]
+        views = tuple(r.host_view(shape, dt) for r, shape, dt in zip(regions, key, self.input_dtypes))
+        staged = max(r.offset + v.nbytes for r, v in zip(regions, views))
+        copies = []
+        for spec in selected:
+            buf, view = self.outputs[spec.name], self.outputs[spec.name].host_view(shapes[spec.name], spec.dtype)
+            copies.append((spec.name, view, buf.host_ptr, buf.device_ptr, view.nbytes))
+        plan = Plan(key, selected, views, staged, tuple(copies))
+        if len(self._plans) < CACHE_LIMIT:  # the plan holds `selected`, so its id stays unique
+            self._plans[(key, id(selected))] = plan
+        return plan
 
     def bind(self, name: str, address: int) -> None:
         if self.addresses.get(name) != address:
@@ -136,7 +176,8 @@ class SlotPool(CallGate):
         """A free slot, waiting while all are busy; InputError once the model is closed. The caller
         is inside the gate until it calls `leave()`."""
         with self.cond:
-            self.cond.wait_for(lambda: self._free or self.closed)
+            if not self._free:
+                self.cond.wait_for(lambda: self._free or self.closed)
             self.check_open()
             self.inside += 1
             return self._free.pop()

@@ -1,0 +1,233 @@
+"""The TensorRT backend's call path (engine.py, slot.py) on CPU: CUDA copies are real memory moves
+between numpy "host" and "device" arrays and the execution context computes from the memory it is
+bound to, so staging, binding, shape switches and copies back are checked without a GPU. Real
+kernels, streams and graphs are covered by test_runtime_gpu.py."""
+from __future__ import annotations
+
+import ctypes
+import types
+
+import numpy as np
+import pytest
+
+import trt_seer.runtime.cuda as cuda
+from trt_seer.runtime import engine as engine_mod
+from trt_seer.runtime import slot as slot_mod
+from trt_seer.runtime.io import DeviceTensor, IOSpec, token_axes
+
+HIDDEN = 3
+
+
+class FakeRuntime:
+    """cudart: copies move bytes at once (the stream is synchronous); nothing else does anything."""
+
+    def __init__(self):
+        self.copies = []
+
+    def cudaMemcpyAsync(self, dst, src, nbytes, kind, stream):
+        self.copies.append((kind, nbytes))
+        ctypes.memmove(int(dst), int(src), int(nbytes))
+        return (0,)
+
+    def cudaStreamSynchronize(self, stream):
+        return (0,)
+
+    def cudaEventRecord(self, event, stream):
+        return (0,)
+
+    def cudaEventSynchronize(self, event):
+        return (0,)
+
+    def cudaEventElapsedTime(self, start, end):
+        return (0, 0.25)
+
+    def cudaPointerGetAttributes(self, ptr):
+        return (0, types.SimpleNamespace(device=0, type="device"))
+
+    cudaMemoryType = types.SimpleNamespace(cudaMemoryTypeDevice="device", cudaMemoryTypeManaged="managed")
+
+
+class Buffer:
+    """A pinned + device pair as two numpy byte arrays."""
+
+    def __init__(self, nbytes):
+        self.nbytes = int(nbytes)
+        self.host, self.dev = np.zeros(max(self.nbytes, 1), np.uint8), np.zeros(max(self.nbytes, 1), np.uint8)
+        self.host_ptr, self.device_ptr = self.host.ctypes.data, self.dev.ctypes.data
+        self._views = cuda.ByteViews(self.host[:self.nbytes], "the buffer")
+
+    def host_view(self, shape, dtype):
+        return self._views.get(shape, dtype)
+
+    def h2d_async(self, stream, nbytes=None):
+        cuda.copy_async(self.device_ptr, self.host_ptr, self.nbytes if nbytes is None else nbytes, "HostToDevice", stream)
+
+    def d2h_async(self, stream, nbytes=None):
+        cuda.copy_async(self.host_ptr, self.device_ptr, self.nbytes if nbytes is None else nbytes, "DeviceToHost", stream)
+
+    def close(self):
+        pass
+
+
+class Handle:
+    def __init__(self, timing=True):
+        self.handle = 7
+
+    def synchronize(self):
+        pass
+
+    def record(self, stream):
+        cuda.cudart().cudaEventRecord(self.handle, 7)
+
+    def elapsed_ms(self, start):
+        return 0.25
+
+    def close(self):
+        pass
+
+
+def array_at(address, shape, dtype):
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.frombuffer((ctypes.c_uint8 * n).from_address(address), dtype=dtype).reshape(shape)
+
+
+class Context:
+    """An "engine": sum = (ids * mask).sum(1); hidden[b, s, k] = ids[b, s] + k. It reads and writes
+    whatever memory it is bound to, as TensorRT does."""
+
+    def __init__(self):
+        self.shapes, self.addresses, self.runs = {}, {}, 0
+
+    def set_input_shape(self, name, shape):
+        self.shapes[name] = tuple(shape)
+        return True
+
+    def get_tensor_shape(self, name):
+        b, s = self.shapes["input_ids"]
+        return (b,) if name == "sum" else (b, s, HIDDEN)
+
+    def set_tensor_address(self, name, address):
+        self.addresses[name] = int(address)
+        return True
+
+    def execute_async_v3(self, stream):
+        shape = self.shapes["input_ids"]
+        ids = array_at(self.addresses["input_ids"], shape, np.int64)
+        mask = array_at(self.addresses["attention_mask"], shape, np.int64)
+        array_at(self.addresses["sum"], shape[:1], np.float32)[:] = (ids * mask).sum(1)
+        array_at(self.addresses["hidden"], shape + (HIDDEN,), np.float32)[:] = ids[..., None] + np.arange(HIDDEN)
+        self.runs += 1
+        return True
+
+
+def expected(feeds):
+    ids, mask = feeds["input_ids"], feeds["attention_mask"]
+    return {"sum": (ids * mask).sum(1).astype(np.float32),
+            "hidden": (ids[..., None] + np.arange(HIDDEN)).astype(np.float32)}
+
+
+@pytest.fixture
+def model(monkeypatch):
+    rt = FakeRuntime()
+    monkeypatch.setattr(cuda, "cudart", lambda: rt)
+    monkeypatch.setattr(cuda, "_memcpy_kind", lambda kind: kind)
+    monkeypatch.setattr(cuda, "HostDeviceBuffer", Buffer)
+    monkeypatch.setattr(cuda, "Stream", Handle)
+    monkeypatch.setattr(cuda, "Event", Handle)
+    m = object.__new__(engine_mod.TensorRTModel)
+    engine_mod.Model.__init__(m)
+    m.inputs = tuple(IOSpec(n, "int64", (-1, -1), token_axes((-1, -1)), (1, 1), (4, 8))
+                     for n in ("input_ids", "attention_mask"))
+    m.outputs = (IOSpec("hidden", "float32", (-1, -1, HIDDEN)), IOSpec("sum", "float32", (-1,)))
+    m.options, m.path = engine_mod.EngineOptions(time_gpu=True), types.SimpleNamespace(name="sim.engine")
+    m._graphs_ok, m.graph_mode, m.gpu = True, "runtime", types.SimpleNamespace(index=0)
+    m._new_context = Context
+    m._check_feeds = engine_mod.FeedCheck(m.inputs)
+    m._slots = [slot_mod.Slot(m)]
+    m._pool = m._gate = slot_mod.SlotPool("sim.engine", m._slots)
+    m.rt = rt
+    return m
+
+
+def feeds_of(batch, seq, seed):
+    rng = np.random.default_rng(seed)
+    return {"input_ids": rng.integers(0, 100, (batch, seq)), "attention_mask": rng.integers(0, 2, (batch, seq))}
+
+
+def test_repeated_calls_take_the_plan_and_stay_right_across_shape_and_output_switches(model):
+    """A -> A -> B -> A with changing values and output selections: every result is right, and from the
+    second call of a shape on, the call runs from the slot's plan (one staging copy in, one copy out
+    per returned output)."""
+    slot = model._slots[0]
+    calls = [((2, 5), None), ((2, 5), None), ((2, 5), ["sum"]), ((4, 8), ["sum"]), ((2, 5), ["sum"]),
+             ((4, 8), ["hidden", "sum"]), ((1, 1), ["sum"]), ((4, 8), ["sum"])]
+    for i, ((b, s), outputs) in enumerate(calls):
+        feeds = feeds_of(b, s, seed=i)
+        model.rt.copies.clear()
+        got = model.infer(feeds, outputs=outputs)
+        want = expected(feeds)
+        assert list(got) == (outputs or ["hidden", "sum"]), i
+        for name, value in got.items():
+            np.testing.assert_array_equal(value, want[name], err_msg=f"call {i} {name}")
+        assert [k for k, _ in model.rt.copies] == ["HostToDevice"] + ["DeviceToHost"] * len(got), i
+        assert model.last_gpu_ms == 0.25
+    assert slot.context.runs == len(calls)
+    assert {(plan.key[0], tuple(s.name for s in plan.selected)) for plan in slot._plans.values()} == {
+        ((2, 5), ("hidden", "sum")), ((2, 5), ("sum",)), ((4, 8), ("sum",)), ((4, 8), ("hidden", "sum"))}
+
+
+def test_results_are_the_callers_own_arrays(model):
+    """Planned calls return fresh arrays: the next call, which reuses the pinned buffers, leaves them as they were."""
+    first = model.infer(feeds_of(3, 4, seed=1), outputs=["sum"])["sum"].copy()
+    kept = model.infer(feeds_of(3, 4, seed=1), outputs=["sum"])
+    model.infer(feeds_of(3, 4, seed=2), outputs=["sum"])
+    np.testing.assert_array_equal(kept["sum"], first)
+
+
+def test_out_buffers_device_outputs_and_gpu_inputs_mix_with_planned_calls(model):
+    """Calls that bind caller memory go the general way and rebind; the planned call after them
+    finds every tensor back in the slot's own buffers."""
+    slot = model._slots[0]
+    feeds = feeds_of(2, 6, seed=3)
+    want = expected(feeds)
+    model.infer(feeds)
+    host_out = {"sum": np.zeros(4, np.float32)}
+    np.testing.assert_array_equal(model.infer(feeds, outputs=["sum"], out=host_out)["sum"], want["sum"])
+    np.testing.assert_array_equal(host_out["sum"][:2], want["sum"])
+
+    dev = np.zeros(2, np.float32)  # "device" memory the engine writes directly
+    dev_out = DeviceTensor(dev.ctypes.data, (2,), np.dtype(np.float32), 0, None, dev)
+    model.infer(feeds, outputs=["sum"], out={"sum": dev_out})
+    np.testing.assert_array_equal(dev, want["sum"])
+    assert slot.foreign == {"sum"}
+
+    again = feeds_of(2, 6, seed=4)
+    got = model.infer(again, outputs=["sum"])  # bound back to its own buffer on the general path
+    np.testing.assert_array_equal(got["sum"], expected(again)["sum"])
+    assert not slot.foreign
+    got = model.infer(again, outputs=["sum"])  # and planned again
+    np.testing.assert_array_equal(got["sum"], expected(again)["sum"])
+
+    held = model.infer(feeds, outputs=["sum"], device_outputs=True)["sum"]  # the slot's own buffer
+    np.testing.assert_array_equal(array_at(held.ptr, held.shape, held.dtype), want["sum"])
+
+    ids = feeds["input_ids"].copy()
+    gpu_feeds = {"input_ids": DeviceTensor(ids.ctypes.data, ids.shape, ids.dtype, 0, None, ids),
+                 "attention_mask": feeds["attention_mask"]}
+    np.testing.assert_array_equal(model.infer(gpu_feeds, outputs=["sum"])["sum"], want["sum"])
+    assert slot.foreign == {"input_ids"}
+    np.testing.assert_array_equal(model.infer(again, outputs=["sum"])["sum"], expected(again)["sum"])
+    assert not slot.foreign
+
+
+def test_bad_feeds_after_planned_calls_fail_and_leave_the_slot_usable(model):
+    good = feeds_of(2, 3, seed=5)
+    model.infer(good)
+    model.infer(good)
+    bad = {"input_ids": good["input_ids"].astype(np.int32), "attention_mask": good["attention_mask"]}
+    with pytest.raises(engine_mod.InputError, match="input_ids has dtype int32"):
+        model.infer(bad)
+    with pytest.raises(engine_mod.InputError, match="outside the profile"):
+        model.infer(feeds_of(5, 3, seed=6))
+    np.testing.assert_array_equal(model.infer(good)["sum"], expected(good)["sum"])
+    assert model._pool._free == model._slots
