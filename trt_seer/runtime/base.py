@@ -44,6 +44,20 @@ class CallGate:
         self.cond = threading.Condition(threading.Lock())  # never re-entered: a plain lock is cheaper
         self.inside = 0
         self.closed = False
+        self.waiting = 0  # threads in cond.wait: only then is there anyone to notify
+
+    def wait_for(self, predicate) -> None:
+        """cond.wait_for(predicate), counted in `waiting`; call with `cond` held."""
+        self.waiting += 1
+        try:
+            self.cond.wait_for(predicate)
+        finally:
+            self.waiting -= 1
+
+    def notify(self) -> None:
+        """Wakes the waiting threads, if any; call with `cond` held."""
+        if self.waiting:
+            self.cond.notify_all()
 
     def enter(self) -> None:
         """InputError once the model is closed (or closing)."""
@@ -58,7 +72,7 @@ class CallGate:
     def leave(self) -> None:
         with self.cond:
             self.inside -= 1
-            self.cond.notify_all()
+            self.notify()
 
     def close(self) -> bool:
         """Closes the gate and waits for the calls inside; False if it was closed already."""
@@ -66,8 +80,8 @@ class CallGate:
             if self.closed:
                 return False
             self.closed = True
-            self.cond.notify_all()  # wakes callers waiting for an execution context: they give up
-            self.cond.wait_for(lambda: self.inside == 0)
+            self.notify()  # wakes callers waiting for an execution context: they give up
+            self.wait_for(lambda: self.inside == 0)
         return True
 
 

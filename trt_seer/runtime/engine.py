@@ -220,11 +220,11 @@ class TensorRTModel(Model):
         self._pool.release_and_leave(slot)
         return values
 
-    def _run_plan(self, slot: Slot, plan: Plan, feeds: dict, handle) -> dict:
-        """The common call, worked out beforehand (`Slot.plan`): the same CUDA work as `_enqueue`
-        with every input and output in the slot's own buffers, then the wait and the copies out."""
+    def _run_plan(self, slot: Slot, plan: Plan, feeds: tuple, handle) -> dict:
+        """The common call, worked out beforehand (`Slot.plan`; `feeds` in input order): the same
+        CUDA work as `_enqueue` with every tensor in the slot's own buffers, the wait, the copies out."""
         stream = slot.stream  # a Stream resolves to its handle quickest
-        for view, value in zip(plan.views, feeds.values()):
+        for view, value in zip(plan.views, feeds):
             np.copyto(view, value)
         slot.set_shapes(plan.key)
         cuda.copy_async(slot.staging.device_ptr, slot.staging.host_ptr, plan.staged, "HostToDevice", stream)

@@ -177,7 +177,7 @@ class SlotPool(CallGate):
         is inside the gate until it calls `leave()`."""
         with self.cond:
             if not self._free:
-                self.cond.wait_for(lambda: self._free or self.closed)
+                self.wait_for(lambda: self._free or self.closed)
             self.check_open()
             self.inside += 1
             return self._free.pop()
@@ -185,14 +185,14 @@ class SlotPool(CallGate):
     def release(self, slot: Slot) -> None:
         with self.cond:
             self._free.append(slot)
-            self.cond.notify_all()
+            self.notify()
 
     def release_and_leave(self, slot: Slot) -> None:
         """`release(slot)` then `leave()`, under one lock."""
         with self.cond:
             self._free.append(slot)
             self.inside -= 1
-            self.cond.notify_all()
+            self.notify()
 
     def reenter(self) -> None:
         """Enters to read a call's result; InputError when the model was closed meanwhile."""
