@@ -1,6 +1,6 @@
 """Host overhead of one engine call: end to end minus the engine's own GPU time, per batch.
 
-    python tools/bench_overhead.py ENGINE [--output sentence_embedding] [--batch 1,32] [--append docs/BENCHMARKS.md]
+    python tools/bench_overhead.py ENGINE [--output sentence_embedding] [--batch 1,32] [--append docs/BENCHMARKS.md] [--json F]
 
 Three ways to make the same call, timed in interleaved rounds (so drift of the machine hits all of
 them alike), each round `--calls` calls, the figure being the median over `--rounds` rounds:
@@ -10,12 +10,15 @@ them alike), each round `--calls` calls, the figure being the median over `--rou
 - `raw CUDA sequence`: what the call does underneath, without the runtime's Python: the inputs
   copied into the context's pinned staging buffer, one host-to-device copy, `enqueueV3`, one
   device-to-host copy of OUTPUT, a stream sync (the floor a Python caller can reach).
-Engine time is the median `last_gpu_ms` of timed calls made between the rounds. Inputs are token id 1
-everywhere, (batch, --seq) int64 for every input.
+Engine time: the median `last_gpu_ms` of 50 timed calls made after each round. Host overhead: per
+round, the variant's end-to-end median minus that round's engine time (so a GPU that drifts between
+rounds moves both sides alike), then the median over rounds. Inputs are token id 1 everywhere,
+(batch, --seq) int64 for every input.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -35,6 +38,7 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default: 15)")
     p.add_argument("--calls", type=int, default=300, help="calls per variant per round (default: 300)")
     p.add_argument("--append", type=Path, default=None, help="append the table to this BENCHMARKS.md")
+    p.add_argument("--json", type=Path, default=None, help="write every row, with its per-round figures, here")
     args = p.parse_args(argv)
     if not args.engine.is_file():
         p.exit(2, f"bench_overhead: engine not found: {args.engine}\n")
@@ -72,7 +76,7 @@ def raw_sequence(model, feeds: dict, output: str):
 
     def run():
         for view, array in zip(views, arrays):
-            np.copyto(view, array)
+            view[...] = array
         rt.cudaMemcpyAsync(slot.staging.device_ptr, slot.staging.host_ptr, span, h2d, stream)
         ctx.execute_async_v3(stream_int)
         rt.cudaMemcpyAsync(out_buf.host_ptr, out_buf.device_ptr, out_bytes, d2h, stream)
@@ -92,15 +96,17 @@ def measure_batch(timed, untimed, batch: int, args, output: str) -> list[dict]:
     for _ in range(args.rounds):
         for name, fn in variants.items():
             rounds[name].append(median_us(fn, args.calls))
+        engine = []
         for _ in range(50):
             timed.infer(feeds, outputs=[output])
-            device.append(timed.last_gpu_ms * 1e3)
-    engine_us = float(np.median(device))
+            engine.append(timed.last_gpu_ms * 1e3)
+        device.append(float(np.median(engine)))
     rows = []
     for name, values in rounds.items():
-        e2e = float(np.median(values))
-        rows.append({"batch": batch, "variant": name, "e2e_us": e2e, "low_us": min(values), "high_us": max(values),
-                     "engine_us": engine_us, "overhead_us": e2e - engine_us})
+        overheads = [e2e - engine for e2e, engine in zip(values, device)]
+        rows.append({"batch": batch, "variant": name, "e2e_us": float(np.median(values)), "low_us": min(values),
+                     "high_us": max(values), "engine_us": float(np.median(device)),
+                     "overhead_us": float(np.median(overheads)), "rounds_e2e_us": values, "rounds_engine_us": device})
     return rows
 
 
@@ -130,6 +136,8 @@ def main(argv=None) -> int:
         for batch in args.batch:
             rows += measure_batch(timed, untimed, batch, args, output)
             print(table([r for r in rows if r["batch"] == batch]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
     if args.append:
         from trt_seer.bench.host import machine_text
         from trt_seer.bench.report import append_benchmark

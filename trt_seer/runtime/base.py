@@ -41,7 +41,8 @@ class CallGate:
 
     def __init__(self, name: str):
         self.name = name
-        self.cond = threading.Condition(threading.Lock())  # never re-entered: a plain lock is cheaper
+        self.lock = threading.Lock()  # `with lock` is `with cond`, entered without a Python call
+        self.cond = threading.Condition(self.lock)
         self.inside = 0
         self.closed = False
         self.waiting = 0  # threads in cond.wait: only then is there anyone to notify
@@ -61,7 +62,7 @@ class CallGate:
 
     def enter(self) -> None:
         """InputError once the model is closed (or closing)."""
-        with self.cond:
+        with self.lock:
             self.check_open()
             self.inside += 1
 
@@ -70,13 +71,13 @@ class CallGate:
             raise InputError(f"{self.name} is closed")
 
     def leave(self) -> None:
-        with self.cond:
+        with self.lock:
             self.inside -= 1
             self.notify()
 
     def close(self) -> bool:
         """Closes the gate and waits for the calls inside; False if it was closed already."""
-        with self.cond:
+        with self.lock:
             if self.closed:
                 return False
             self.closed = True

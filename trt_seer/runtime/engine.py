@@ -225,7 +225,7 @@ class TensorRTModel(Model):
         CUDA work as `_enqueue` with every tensor in the slot's own buffers, the wait, the copies out."""
         stream = slot.stream  # a Stream resolves to its handle quickest
         for view, value in zip(plan.views, feeds):
-            np.copyto(view, value)
+            view[...] = value  # same shape and dtype: a plain copy, cheaper to call than np.copyto
         slot.set_shapes(plan.key)
         cuda.copy_async(slot.staging.device_ptr, slot.staging.host_ptr, plan.staged, "HostToDevice", stream)
         timed = self.options.time_gpu
@@ -234,11 +234,11 @@ class TensorRTModel(Model):
         self._execute(slot, plan.key, handle)
         if timed:
             slot.end.record(stream)
-        for _, _, host, device, size in plan.copies:
+        for host, device, size in plan.copies:
             cuda.copy_async(host, device, size, "DeviceToHost", stream)
         stream.synchronize()
         self.last_gpu_ms = slot.end.elapsed_ms(slot.start) if timed else None
-        return {name: view.copy() for name, view, *_ in plan.copies}
+        return {name: view.copy() for name, view in plan.returns}
 
     def _start(self, slot: Slot, feeds, selected: tuple, out, device_outputs: bool, handle,
                done_event: bool = True) -> tuple[list, tuple]:

@@ -242,7 +242,7 @@ class FeedCheck:
             return None
         values = tuple(map(feeds.get, self._names))
         for value, dtype in zip(values, self._np_dtypes):
-            if type(value) is not np.ndarray or value.dtype != dtype:
+            if type(value) is not np.ndarray or value.dtype is not dtype:  # numpy's own dtype objects
                 return None
         key = tuple([v.shape for v in values])
         return (values, key) if key in self._passed else None

@@ -55,14 +55,15 @@ def staging_regions(specs) -> tuple[cuda.HostDeviceBuffer, dict[str, Region]]:
 class Plan:
     """A repeated call's work on one slot, for one combination of input shapes (`key`) and returned
     outputs (`selected`, the model's cached selection): where each input is staged (`views`, in
-    input order), how many staging bytes go to the GPU (`staged`), and per returned output
-    (name, pinned host view, host address, device address, bytes) to copy back."""
+    input order), how many staging bytes go to the GPU (`staged`), and per returned output its
+    copy back (host address, device address, bytes) and (name, pinned host view) to return."""
 
     key: tuple
     selected: tuple
     views: tuple
     staged: int
     copies: tuple
+    returns: tuple
 
 
 class Slot:
@@ -133,11 +134,12 @@ class Slot:
         regions = [self.inputs[n] for n in self.input_names]
         views = tuple(r.host_view(shape, dt) for r, shape, dt in zip(regions, key, self.input_dtypes))
         staged = max(r.offset + v.nbytes for r, v in zip(regions, views))
-        copies = []
+        copies, returns = [], []
         for spec in selected:
             buf, view = self.outputs[spec.name], self.outputs[spec.name].host_view(shapes[spec.name], spec.dtype)
-            copies.append((spec.name, view, buf.host_ptr, buf.device_ptr, view.nbytes))
-        plan = Plan(key, selected, views, staged, tuple(copies))
+            copies.append((buf.host_ptr, buf.device_ptr, view.nbytes))
+            returns.append((spec.name, view))
+        plan = Plan(key, selected, views, staged, tuple(copies), tuple(returns))
         if len(self._plans) < CACHE_LIMIT:  # the plan holds `selected`, so its id stays unique
             self._plans[(key, id(selected))] = plan
         return plan
@@ -175,7 +177,7 @@ class SlotPool(CallGate):
     def acquire(self) -> Slot:
         """A free slot, waiting while all are busy; InputError once the model is closed. The caller
         is inside the gate until it calls `leave()`."""
-        with self.cond:
+        with self.lock:
             if not self._free:
                 self.wait_for(lambda: self._free or self.closed)
             self.check_open()
@@ -183,26 +185,26 @@ class SlotPool(CallGate):
             return self._free.pop()
 
     def release(self, slot: Slot) -> None:
-        with self.cond:
+        with self.lock:
             self._free.append(slot)
             self.notify()
 
     def release_and_leave(self, slot: Slot) -> None:
         """`release(slot)` then `leave()`, under one lock."""
-        with self.cond:
+        with self.lock:
             self._free.append(slot)
             self.inside -= 1
             self.notify()
 
     def reenter(self) -> None:
         """Enters to read a call's result; InputError when the model was closed meanwhile."""
-        with self.cond:
+        with self.lock:
             if self.closed:
                 raise InputError(f"{self.name} was closed before this call's result was read")
             self.inside += 1
 
     def try_enter(self) -> bool:
-        with self.cond:
+        with self.lock:
             if not self.closed:
                 self.inside += 1
             return not self.closed
