@@ -41,9 +41,6 @@ class FakeRuntime:
     def cudaEventElapsedTime(self, start, end):
         return (0, 0.25)
 
-    def cudaHostGetDevicePointer(self, ptr, flags):
-        return (0, ptr)  # unified addressing: the GPU reads pinned memory at its host address
-
     def cudaPointerGetAttributes(self, ptr):
         return (0, types.SimpleNamespace(device=0, type="device"))
 
@@ -129,8 +126,8 @@ def expected(feeds):
             "hidden": (ids[..., None] + np.arange(HIDDEN)).astype(np.float32)}
 
 
-@pytest.fixture(params=[False, True], ids=["staged-copy", "mapped-inputs"])
-def model(monkeypatch, request):
+@pytest.fixture
+def model(monkeypatch):
     rt = FakeRuntime()
     monkeypatch.setattr(cuda, "cudart", lambda: rt)
     monkeypatch.setattr(cuda, "_memcpy_kind", lambda kind: kind)
@@ -142,8 +139,7 @@ def model(monkeypatch, request):
     m.inputs = tuple(IOSpec(n, "int64", (-1, -1), token_axes((-1, -1)), (1, 1), (4, 8))
                      for n in ("input_ids", "attention_mask"))
     m.outputs = (IOSpec("hidden", "float32", (-1, -1, HIDDEN)), IOSpec("sum", "float32", (-1,)))
-    m.options = engine_mod.EngineOptions(time_gpu=True, mapped_inputs=request.param)
-    m.path = types.SimpleNamespace(name="sim.engine")
+    m.options, m.path = engine_mod.EngineOptions(time_gpu=True), types.SimpleNamespace(name="sim.engine")
     m._graphs_ok, m.graph_mode, m.gpu = True, "runtime", types.SimpleNamespace(index=0)
     m._new_context = Context
     m._check_feeds = engine_mod.FeedCheck(m.inputs)
@@ -160,8 +156,8 @@ def feeds_of(batch, seq, seed):
 
 def test_repeated_calls_take_the_plan_and_stay_right_across_shape_and_output_switches(model):
     """A -> A -> B -> A with changing values and output selections: every result is right, and from the
-    second call of a shape on, the call runs from the slot's plan (one staging copy in, none with
-    mapped inputs, where the engine reads the pinned bytes; one copy out per returned output)."""
+    second call of a shape on, the call runs from the slot's plan (one staging copy in, one copy out
+    per returned output)."""
     slot = model._slots[0]
     calls = [((2, 5), None), ((2, 5), None), ((2, 5), ["sum"]), ((4, 8), ["sum"]), ((2, 5), ["sum"]),
              ((4, 8), ["hidden", "sum"]), ((1, 1), ["sum"]), ((4, 8), ["sum"])]
@@ -173,8 +169,7 @@ def test_repeated_calls_take_the_plan_and_stay_right_across_shape_and_output_swi
         assert list(got) == (outputs or ["hidden", "sum"]), i
         for name, value in got.items():
             np.testing.assert_array_equal(value, want[name], err_msg=f"call {i} {name}")
-        copy_in = [] if model.options.mapped_inputs else ["HostToDevice"]
-        assert [k for k, _ in model.rt.copies] == copy_in + ["DeviceToHost"] * len(got), i
+        assert [k for k, _ in model.rt.copies] == ["HostToDevice"] + ["DeviceToHost"] * len(got), i
         assert model.last_gpu_ms == 0.25
     assert slot.context.runs == len(calls)
     assert {(plan.key[0], tuple(s.name for s in plan.selected)) for plan in slot._plans.values()} == {

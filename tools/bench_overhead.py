@@ -2,22 +2,18 @@
 
     python tools/bench_overhead.py ENGINE [--output sentence_embedding] [--batch 1,32] [--append docs/BENCHMARKS.md] [--json F]
 
-Four ways to make the same call, timed in interleaved rounds (so drift of the machine hits all of
+Three ways to make the same call, timed in interleaved rounds (so drift of the machine hits all of
 them alike), each round `--calls` calls, the figure being the median over `--rounds` rounds:
 - `infer, time_gpu=True`: `model.infer(feeds, outputs=[OUTPUT])` with CUDA events around the engine
   (they fill `last_gpu_ms`);
 - `infer, default`: the same call with the default options (no events);
-- `infer, mapped_inputs=True`: the default call, the engine reading its inputs from pinned host memory
-  (no copy to the GPU first);
 - `raw CUDA sequence`: what the call does underneath, without the runtime's Python: the inputs
   copied into the context's pinned staging buffer, one host-to-device copy, `enqueueV3`, one
-  device-to-host copy of OUTPUT, a stream sync (the floor a Python caller of the staged-copy path can
-  reach; mapped inputs skip its copy in).
+  device-to-host copy of OUTPUT, a stream sync (the floor a Python caller can reach).
 Engine time: the median `last_gpu_ms` of 50 timed calls made after each round. Host overhead: per
 round, the variant's end-to-end median minus that round's engine time (so a GPU that drifts between
 rounds moves both sides alike), then the median over rounds. Inputs are token id 1 everywhere,
-(batch, --seq) int64 for every input. The engine time is the staged-copy engine's: with mapped inputs,
-what the engine's own reads over the bus add counts as overhead, so end to end compares the two paths.
+(batch, --seq) int64 for every input.
 """
 from __future__ import annotations
 
@@ -89,11 +85,10 @@ def raw_sequence(model, feeds: dict, output: str):
     return run
 
 
-def measure_batch(timed, untimed, mapped, batch: int, args, output: str) -> list[dict]:
+def measure_batch(timed, untimed, batch: int, args, output: str) -> list[dict]:
     feeds = {s.name: np.ones((batch, args.seq), np.dtype(s.dtype)) for s in timed.inputs}
     variants = {"infer, time_gpu=True": lambda: timed.infer(feeds, outputs=[output]),
                 "infer, default (untimed)": lambda: untimed.infer(feeds, outputs=[output]),
-                "infer, mapped_inputs=True": lambda: mapped.infer(feeds, outputs=[output]),
                 "raw CUDA sequence (floor)": raw_sequence(untimed, feeds, output)}
     for fn in variants.values():
         median_us(fn, 200)  # warm: captured graphs, specialized kernels
@@ -132,15 +127,14 @@ def main(argv=None) -> int:
     try:
         timed = runtime.load(args.engine, backend="tensorrt", time_gpu=True)
         untimed = runtime.load(args.engine, backend="tensorrt")
-        mapped = runtime.load(args.engine, backend="tensorrt", mapped_inputs=True)
     except TrtSeerError as e:
         print(f"bench_overhead: {e}", file=sys.stderr)
         return 2
     output = args.output or timed.output_names[-1]
     rows = []
-    with timed, untimed, mapped:
+    with timed, untimed:
         for batch in args.batch:
-            rows += measure_batch(timed, untimed, mapped, batch, args, output)
+            rows += measure_batch(timed, untimed, batch, args, output)
             print(table([r for r in rows if r["batch"] == batch]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

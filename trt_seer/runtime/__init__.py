@@ -101,7 +101,7 @@ def load(path: str | Path, backend: str = "auto", **opts) -> Model:
             runtime and a GPU are usable, else the engine's sibling `.onnx` on ONNX Runtime (with a
             warning).
         opts: EngineOptions fields (device, contexts, use_cuda_graph (default: on where the flavor
-            allows), max_graphs, runtime_cache, time_gpu, mapped_inputs, verbose) and OrtOptions fields (threads,
+            allows), max_graphs, runtime_cache, verbose) and OrtOptions fields (threads,
             optimization); each backend takes its own.
     """
     from trt_seer.runtime.engine import TensorRTModel

@@ -124,12 +124,6 @@ def pointer_device(ptr: int) -> int | None:
     return int(attrs.device) if attrs.type in device_types else None
 
 
-def mapped_device_pointer(host_ptr: int) -> int:
-    """The address the current GPU reads pinned host memory at (the same pointer under unified
-    addressing, which every 64-bit CUDA platform has)."""
-    return int(cuda_call(cudart().cudaHostGetDevicePointer(host_ptr, 0), "cudaHostGetDevicePointer"))
-
-
 @functools.lru_cache(maxsize=None)
 def _memcpy_kind(name: str):
     return getattr(cudart().cudaMemcpyKind, f"cudaMemcpy{name}")

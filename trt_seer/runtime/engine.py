@@ -53,11 +53,6 @@ class EngineOptions:
     # True: CUDA events around the engine give `last_gpu_ms` (benchmarks, `trt-seer run`); off by
     # default: the two event records cost a call ~12 us end to end on an H200 (docs/BENCHMARKS.md).
     time_gpu: bool = False
-    # True: the engine reads host inputs where they are staged, in pinned host memory the GPU
-    # addresses directly (unified addressing), instead of from a device copy: one CUDA call and one
-    # copy fewer per call, at the price of the engine's first reads crossing the bus
-    # (docs/RUNTIME.md, docs/BENCHMARKS.md "Per-call host overhead").
-    mapped_inputs: bool = False
     verbose: bool = False
 
     def __post_init__(self):
@@ -232,7 +227,7 @@ class TensorRTModel(Model):
         for view, value in zip(plan.views, feeds):
             view[...] = value  # same shape and dtype: a plain copy, cheaper to call than np.copyto
         slot.set_shapes(plan.key)
-        cuda.copy_async(slot.staging.device_ptr, slot.staging.host_ptr, plan.staged, "HostToDevice", stream)  # 0: mapped
+        cuda.copy_async(slot.staging.device_ptr, slot.staging.host_ptr, plan.staged, "HostToDevice", stream)
         timed = self.options.time_gpu
         if timed:
             slot.start.record(stream)
@@ -288,11 +283,11 @@ class TensorRTModel(Model):
             if isinstance(value, np.ndarray):
                 region = slot.inputs[name]
                 np.copyto(region.host_view(value.shape, value.dtype), value)
-                slot.bind(name, region.address)
+                slot.bind(name, region.device_ptr)
                 staged = max(staged, region.offset + value.nbytes)
             else:
                 slot.bind(name, self._device_address(slot, f"input {name}", value, stream))
-        if staged and not slot.mapped:
+        if staged:
             slot.staging.h2d_async(stream, staged)
 
     def _bind_outputs(self, slot: Slot, views: dict, stream) -> None:

@@ -29,28 +29,26 @@ def nbytes(shape, dtype) -> int:
 
 class Region:
     """One input's fixed place in a slot's staging buffer: numpy views of its pinned host bytes
-    (kept per shape and dtype) and the address the engine reads it from: its device copy, or with
-    `mapped` the pinned bytes themselves as the GPU addresses them."""
+    (kept per shape and dtype) and the device address the engine reads it from."""
 
-    def __init__(self, staging: cuda.HostDeviceBuffer, offset: int, size: int, mapped: bool = False):
+    def __init__(self, staging: cuda.HostDeviceBuffer, offset: int, size: int):
         self.offset, self.size = offset, size
         self.device_ptr = staging.device_ptr + offset
-        self.address = (cuda.mapped_device_pointer(staging.host_ptr) if mapped else staging.device_ptr) + offset
         self._views = cuda.ByteViews(staging.host_view((staging.nbytes,), np.uint8)[offset:offset + size], "the region")
 
     def host_view(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         return self._views.get(shape, dtype)
 
 
-def staging_regions(specs, mapped: bool = False) -> tuple[cuda.HostDeviceBuffer, dict[str, Region]]:
+def staging_regions(specs) -> tuple[cuda.HostDeviceBuffer, dict[str, Region]]:
     """One pinned + device buffer holding every input at its largest shape, so one copy moves
-    all of a call's host inputs to the GPU (or none, `mapped`); {input name: its Region}."""
+    all of a call's host inputs to the GPU; {input name: its Region}."""
     offsets, end = {}, 0
     for s in specs:
         offsets[s.name] = (end, nbytes(s.max_shape, s.dtype))
         end += -(-offsets[s.name][1] // ALIGN) * ALIGN
     staging = cuda.HostDeviceBuffer(end)
-    return staging, {name: Region(staging, off, size, mapped) for name, (off, size) in offsets.items()}
+    return staging, {name: Region(staging, off, size) for name, (off, size) in offsets.items()}
 
 
 @dataclass(frozen=True)
@@ -80,8 +78,7 @@ class Slot:
         self.stream = cuda.Stream()
         self.start, self.end = cuda.Event(), cuda.Event()
         self.done, self.ready = cuda.Event(timing=False), cuda.Event(timing=False)
-        self.mapped = bool(model.options.mapped_inputs)
-        self.staging, self.inputs = staging_regions(model.inputs, self.mapped)
+        self.staging, self.inputs = staging_regions(model.inputs)
         self.shapes: dict[str, tuple[int, ...]] = {}
         self._key: tuple | None = None  # the shapes last set, all inputs at once
         self.addresses: dict[str, int] = {}
@@ -93,7 +90,7 @@ class Slot:
         self.output_names = model.output_names
         max_out = self._max_output_shapes(model)
         self.outputs = {s.name: cuda.HostDeviceBuffer(nbytes(max_out[s.name], s.dtype)) for s in model.outputs}
-        self.own = {**{n: r.address for n, r in self.inputs.items()},
+        self.own = {**{n: b.device_ptr for n, b in self.inputs.items()},
                     **{n: b.device_ptr for n, b in self.outputs.items()}}
         for name, address in self.own.items():  # so `not foreign` means every tensor is in place
             self.bind(name, address)
@@ -136,7 +133,7 @@ class Slot:
         shapes = self.output_shapes(key)
         regions = [self.inputs[n] for n in self.input_names]
         views = tuple(r.host_view(shape, dt) for r, shape, dt in zip(regions, key, self.input_dtypes))
-        staged = 0 if self.mapped else max(r.offset + v.nbytes for r, v in zip(regions, views))
+        staged = max(r.offset + v.nbytes for r, v in zip(regions, views))
         copies, returns = [], []
         for spec in selected:
             buf, view = self.outputs[spec.name], self.outputs[spec.name].host_view(shapes[spec.name], spec.dtype)
