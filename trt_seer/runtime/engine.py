@@ -212,7 +212,7 @@ class TensorRTModel(Model):
             else:
                 results, _ = self._start(slot, feeds, selected, out, device_outputs, handle, done_event=False)
                 slot.stream.synchronize()
-                self.last_gpu_ms = slot.end.elapsed_ms(slot.start) if self.options.time_gpu else None
+                self.note_gpu_time(slot)
                 values = {name: value.copy() if copy else value for name, value, copy in results}
         except BaseException:
             self._release_after_sync(slot, handle)
@@ -228,16 +228,11 @@ class TensorRTModel(Model):
             view[...] = value  # same shape and dtype: a plain copy, cheaper to call than np.copyto
         slot.set_shapes(plan.key)
         cuda.copy_async(slot.staging.device_ptr, slot.staging.host_ptr, plan.staged, "HostToDevice", stream)
-        timed = self.options.time_gpu
-        if timed:
-            slot.start.record(stream)
-        self._execute(slot, plan.key, handle)
-        if timed:
-            slot.end.record(stream)
+        self._run_engine(slot, plan.key, handle)
         for host, device, size in plan.copies:
             cuda.copy_async(host, device, size, "DeviceToHost", stream)
         stream.synchronize()
-        self.last_gpu_ms = slot.end.elapsed_ms(slot.start) if timed else None
+        self.note_gpu_time(slot)
         return {name: view.copy() for name, view in plan.returns}
 
     def _start(self, slot: Slot, feeds, selected: tuple, out, device_outputs: bool, handle,
@@ -266,12 +261,7 @@ class TensorRTModel(Model):
         self._stage_inputs(slot, feeds, stream)
         if views or slot.foreign:  # else every output is bound to the slot's own buffer already
             self._bind_outputs(slot, views, stream)
-        timed = self.options.time_gpu
-        if timed:
-            slot.start.record(stream)
-        self._execute(slot, key, stream)
-        if timed:
-            slot.end.record(stream)
+        self._run_engine(slot, key, stream)
         return [self._result(slot, spec, out_shapes[spec.name], views.get(spec.name), call, stream)
                 for spec in call.outputs]
 
@@ -325,6 +315,19 @@ class TensorRTModel(Model):
             slot.ready.record(value.stream)  # the producer's pending work comes first
             cuda.wait_event(stream, slot.ready)
         return value.ptr
+
+    def _run_engine(self, slot: Slot, key: tuple, stream) -> None:
+        """`_execute` between the slot's timing events when `time_gpu` is on."""
+        timed = self.options.time_gpu
+        if timed:
+            slot.start.record(stream)
+        self._execute(slot, key, stream)
+        if timed:
+            slot.end.record(stream)
+
+    def note_gpu_time(self, slot: Slot) -> None:
+        """Sets `last_gpu_ms` from the slot's timing events (their work done), or None untimed."""
+        self.last_gpu_ms = slot.end.elapsed_ms(slot.start) if self.options.time_gpu else None
 
     def _execute(self, slot: Slot, key: tuple, stream) -> None:
         """Replays the captured graph of this shape when the context is in the state it was captured

@@ -257,5 +257,5 @@ class EnginePending(Pending):
 
     def _collect(self, slot: Slot) -> dict:
         slot.done.synchronize()
-        self._model.last_gpu_ms = slot.end.elapsed_ms(slot.start) if self._model.options.time_gpu else None
+        self._model.note_gpu_time(slot)
         return {name: value.copy() if copy else value for name, value, copy in self._results}
