@@ -128,7 +128,7 @@ class Slot:
     def plan(self, key: tuple, selected: tuple) -> Plan:
         """The Plan of host inputs of shapes `key` returning `selected` (cached per slot)."""
         cached = self._plans.get((key, id(selected)))
-        if cached is not None and cached.selected is selected:
+        if cached is not None:  # a stored plan keeps `selected` alive, so no other tuple has its id
             return cached
         shapes = self.output_shapes(key)
         regions = [self.inputs[n] for n in self.input_names]
@@ -140,7 +140,7 @@ class Slot:
             copies.append((buf.host_ptr, buf.device_ptr, view.nbytes))
             returns.append((spec.name, view))
         plan = Plan(key, selected, views, staged, tuple(copies), tuple(returns))
-        if len(self._plans) < CACHE_LIMIT:  # the plan holds `selected`, so its id stays unique
+        if len(self._plans) < CACHE_LIMIT:
             self._plans[(key, id(selected))] = plan
         return plan
 
