@@ -684,3 +684,38 @@ def test_staging_regions_give_each_input_its_own_aligned_place(monkeypatch):
     assert (staging.mem[256:296].view(np.int32) == 7).all() and (staging.mem[296:512] == 0).all()
     with pytest.raises(ValueError, match="needs 100 bytes; the region holds 80"):
         regions["mask"].host_view((5, 5), np.dtype(np.int32))
+
+
+# --- prepared calls ------------------------------------------------------------------------------
+
+def test_prepared_call_matches_infer_and_returns_only_what_was_asked(tiny_onnx):
+    with load(tiny_onnx) as m:
+        call = m.prepare({"input_ids": (3, 7), "attention_mask": (3, 7)}, outputs=["pooled"])
+        for seed in range(3):
+            feeds = token_feeds(3, 7, seed=seed)
+            got = call.run(feeds)
+            assert list(got) == ["pooled"]
+            np.testing.assert_array_equal(got["pooled"], m.infer(feeds, outputs=["pooled"])["pooled"])
+        feeds = token_feeds(3, 7, seed=9)
+        for name, value in feeds.items():
+            call.inputs[name][...] = value
+        np.testing.assert_array_equal(call.run()["pooled"], m.infer(feeds)["pooled"])
+        with pytest.raises(InputError, match=r"input input_ids has shape \[2, 7\]; this call was prepared for \[3, 7\]"):
+            call.run(token_feeds(2, 7))
+        with pytest.raises(InputError, match=r"missing input\(s\) attention_mask; this call was prepared for"):
+            call.run({"input_ids": feeds["input_ids"]})
+    with pytest.raises(InputError, match="is closed"):
+        call.run(feeds)
+
+
+@pytest.mark.parametrize("case", ["missing", "unknown", "rank", "fixed axis", "shared axis", "empty"])
+def test_prepare_refuses_shapes_with_infers_message(feature_onnx, case):
+    """prepare() checks shapes as infer() checks feeds of those shapes, word for word."""
+    change, message = BAD_FEEDS[case]
+    feeds = change(token_feeds(2, 6, features=True))
+    with load(feature_onnx) as m:
+        with pytest.raises(InputError, match=message) as prepared:
+            m.prepare({name: value.shape for name, value in feeds.items()})
+        with pytest.raises(InputError) as inferred:
+            m.infer(feeds)
+    assert str(prepared.value) == str(inferred.value)

@@ -143,6 +143,7 @@ def model(monkeypatch, request):
     m._graphs_ok, m.graph_mode, m.gpu = True, "runtime", types.SimpleNamespace(index=0)
     m._new_context = Context
     m._check_feeds = engine_mod.FeedCheck(m.inputs)
+    m._jit_cache = types.SimpleNamespace(save=lambda: None)
     m._slots = [slot_mod.Slot(m)]
     m._pool = m._gate = slot_mod.SlotPool("sim.engine", m._slots)
     m.rt = rt
@@ -231,3 +232,89 @@ def test_bad_feeds_after_planned_calls_fail_and_leave_the_slot_usable(model):
         model.infer(feeds_of(5, 3, seed=6))
     np.testing.assert_array_equal(model.infer(good)["sum"], expected(good)["sum"])
     assert model._pool._free == model._slots
+
+
+def test_prepared_call_runs_on_its_own_context_with_one_copy_each_way(model):
+    """prepare() adds a context outside the pool: runs give the right results with one staging copy in
+    and one copy out per returned output, and plain calls keep using the pool meanwhile."""
+    call = model.prepare({"input_ids": (3, 4), "attention_mask": (3, 4)}, outputs=["sum"])
+    assert call.slot in model._slots and call.slot not in model._pool._free and len(model._slots) == 2
+    for seed in range(3):
+        feeds = feeds_of(3, 4, seed=seed)
+        model.rt.copies.clear()
+        got = call.run(feeds)
+        assert list(got) == ["sum"]
+        np.testing.assert_array_equal(got["sum"], expected(feeds)["sum"])
+        assert [k for k, _ in model.rt.copies] == ["HostToDevice", "DeviceToHost"]
+        assert model.last_gpu_ms == (0.25 if model.options.time_gpu else None)
+        other = feeds_of(2, 5, seed=10 + seed)
+        np.testing.assert_array_equal(model.infer(other)["hidden"], expected(other)["hidden"])
+    assert call.slot.context.runs == 3 and model._slots[0].context.runs == 3
+    direct = feeds_of(3, 4, seed=7)  # written straight into the staging places, run() with no feeds
+    for name, value in direct.items():
+        call.inputs[name][...] = value
+    np.testing.assert_array_equal(call.run()["sum"], expected(direct)["sum"])
+
+
+def test_prepared_call_refuses_other_feeds_without_touching_its_inputs(model):
+    call = model.prepare({"input_ids": (2, 3), "attention_mask": (2, 3)})
+    good = feeds_of(2, 3, seed=1)
+    call.run(good)
+    before = {n: v.copy() for n, v in call.inputs.items()}
+    bad = {"input_ids": feeds_of(2, 3, seed=2)["input_ids"], "attention_mask": good["attention_mask"][:1]}
+    with pytest.raises(engine_mod.InputError, match=r"attention_mask has shape \[1, 3\]; this call was prepared for \[2, 3\]"):
+        call.run(bad)
+    for name, value in before.items():  # input_ids was fine but is not copied either
+        np.testing.assert_array_equal(call.inputs[name], value)
+    with pytest.raises(engine_mod.InputError, match="outside the profile"):
+        model.prepare({"input_ids": (5, 3), "attention_mask": (5, 3)})
+    assert len(model._slots) == 2  # the refused prepare made no context
+
+
+def test_prepared_call_close_and_model_close_free_its_context_once(model):
+    first = model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)}, outputs="sum")
+    second = model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)}, outputs="sum")
+    first.close()
+    first.close()
+    assert first.slot not in model._slots and first.slot.context is None
+    with pytest.raises(engine_mod.InputError, match="this prepared call is closed"):
+        first.run(feeds_of(1, 2, seed=0))
+    model.close()
+    assert second.slot.context is None  # the model's close() freed it with its own
+    with pytest.raises(engine_mod.InputError, match="is closed"):
+        second.run(feeds_of(1, 2, seed=0))
+    second.close()
+    with pytest.raises(engine_mod.InputError, match="is closed"):
+        model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)})
+
+
+def test_prepared_call_runs_one_thread_at_a_time(model):
+    """A second thread's run() while one is inside fails at once, and close() waits for the run."""
+    import threading
+
+    call = model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)}, outputs="sum")
+    inside, go = threading.Event(), threading.Event()
+    run_engine = call.slot.context.execute_async_v3
+
+    def slow(stream):
+        inside.set()
+        go.wait(5)
+        return run_engine(stream)
+
+    call.slot.context.execute_async_v3 = slow
+    feeds = feeds_of(1, 2, seed=3)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(call.run(feeds)["sum"].copy()))
+    worker.start()
+    assert inside.wait(5)
+    with pytest.raises(engine_mod.InputError, match="running in another thread"):
+        call.run(feeds)
+    closer = threading.Thread(target=call.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive()  # waits for the run inside
+    go.set()
+    worker.join(5)
+    closer.join(5)
+    np.testing.assert_array_equal(results[0], expected(feeds)["sum"])
+    assert call.closed and call.slot not in model._slots

@@ -322,6 +322,35 @@ def test_untimed_calls_return_the_same_and_leave_no_gpu_time(engines):
 
 
 @needs_trt
+def test_prepared_calls_match_infer_on_their_own_context(engines):
+    """Two prepared calls of different shapes, run alternately with new values (each on its own
+    context, graphs warm), match infer; closing one leaves the other running; closing the model
+    frees the rest and later runs fail with the reason."""
+    ckpt, out = engines
+    path = out / "tinybert.fp16.engine"
+    with load(path, backend="tensorrt", time_gpu=True) as m:
+        names = m.input_names
+        small = m.prepare({n: (2, 16) for n in names}, outputs=["sentence_embedding"])
+        for i in range(2):  # warm: the pool's context and this call's, graphs captured
+            small.run(feeds_for(ckpt, 2, 16, seed=i)), m.infer(feeds_for(ckpt, 2, 16, seed=i))
+        large = m.prepare({n: (5, 9) for n in names})
+        for i in range(6):
+            call, (b, s) = (small, (2, 16)) if i % 2 == 0 else (large, (5, 9))
+            feeds = feeds_for(ckpt, b, s, seed=60 + i)
+            got, want = call.run(feeds), m.infer(feeds)
+            assert list(got) == ([o.name for o in call.selected])
+            for name, value in got.items():
+                assert_close(value, want[name], 2e-3, f"run {i} ({b}x{s}) {name}")
+            assert m.last_gpu_ms > 0
+        large.close()
+        feeds = feeds_for(ckpt, 2, 16, seed=70)
+        assert_close(small.run(feeds)["sentence_embedding"], m.infer(feeds)["sentence_embedding"], 2e-3, "after close")
+        assert large.slot.context is None and large.slot not in m._slots
+    with pytest.raises(InputError, match="is closed"):
+        small.run(feeds)
+
+
+@needs_trt
 def test_outputs_selection_copies_back_only_what_is_named(engines):
     ckpt, out = engines
     feeds = feeds_for(ckpt, 4, 16, seed=21)

@@ -2,11 +2,14 @@
 
     python tools/bench_overhead.py ENGINE [--output sentence_embedding] [--batch 1,32] [--append docs/BENCHMARKS.md] [--json F]
 
-Three ways to make the same call, timed in interleaved rounds (so drift of the machine hits all of
+Four ways to make the same call, timed in interleaved rounds (so drift of the machine hits all of
 them alike), each round `--calls` calls, the figure being the median over `--rounds` rounds:
 - `infer, time_gpu=True`: `model.infer(feeds, outputs=[OUTPUT])` with CUDA events around the engine
   (they fill `last_gpu_ms`);
 - `infer, default`: the same call with the default options (no events);
+- `prepared call, run(feeds)`: `model.prepare(shapes, outputs=[OUTPUT])` once, then `run(feeds)`
+  with the same host arrays (checked against the prepared shapes, copied into its pinned inputs,
+  the output returned as the call's own pinned array), default options;
 - `raw CUDA sequence`: what the call does underneath, without the runtime's Python: the inputs
   copied into the context's pinned staging buffer, one host-to-device copy, `enqueueV3`, one
   device-to-host copy of OUTPUT, a stream sync (the floor a Python caller can reach).
@@ -87,8 +90,10 @@ def raw_sequence(model, feeds: dict, output: str):
 
 def measure_batch(timed, untimed, batch: int, args, output: str) -> list[dict]:
     feeds = {s.name: np.ones((batch, args.seq), np.dtype(s.dtype)) for s in timed.inputs}
+    prepared = untimed.prepare({name: value.shape for name, value in feeds.items()}, outputs=[output])
     variants = {"infer, time_gpu=True": lambda: timed.infer(feeds, outputs=[output]),
                 "infer, default (untimed)": lambda: untimed.infer(feeds, outputs=[output]),
+                "prepared call, run(feeds) (untimed)": lambda: prepared.run(feeds),
                 "raw CUDA sequence (floor)": raw_sequence(untimed, feeds, output)}
     for fn in variants.values():
         median_us(fn, 200)  # warm: captured graphs, specialized kernels
@@ -101,6 +106,7 @@ def measure_batch(timed, untimed, batch: int, args, output: str) -> list[dict]:
             timed.infer(feeds, outputs=[output])
             engine.append(timed.last_gpu_ms * 1e3)
         device.append(float(np.median(engine)))
+    prepared.close()
     rows = []
     for name, values in rounds.items():
         overheads = [e2e - engine for e2e, engine in zip(values, device)]

@@ -10,6 +10,7 @@ import numpy as np
 
 from trt_seer.errors import InputError
 from trt_seer.runtime.io import IOSpec, select_outputs
+from trt_seer.runtime.prepared import PreparedCall
 
 
 class Pending:
@@ -140,6 +141,13 @@ class Model:
     def infer_async(self, feeds: Mapping, stream=None, *, outputs: Sequence[str] | None = None,
                     out: Mapping | None = None, device_outputs: bool = False) -> Pending:
         raise NotImplementedError
+
+    def prepare(self, shapes: Mapping, outputs: Sequence[str] | str | None = None) -> PreparedCall:
+        """A call of fixed input shapes ({input name: shape}) returning `outputs` (default: all),
+        checked once and then run many times with `.run(feeds)`; see prepared.py. InputError for
+        shapes the model does not take."""
+        self._gate.check_open()
+        return PreparedCall(self, shapes, outputs)
 
     def close(self) -> None:
         self._gate.close()

@@ -33,7 +33,7 @@ import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.base import Model
 from trt_seer.runtime.jit_cache import RuntimeCacheFile
 from trt_seer.runtime.io import DeviceTensor, FeedCheck, IOSpec, out_view, token_axes, validate_out
-from trt_seer.runtime.slot import EnginePending, Plan, Slot, SlotPool
+from trt_seer.runtime.slot import EnginePending, EnginePreparedCall, Plan, Slot, SlotPool
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +198,11 @@ class TensorRTModel(Model):
             raise
         self._pool.leave()
         return pending
+
+    def prepare(self, shapes, outputs=None) -> EnginePreparedCall:
+        """A prepared call (see Model.prepare) with an execution context, stream and buffers of its
+        own, freed by its close() or the model's; each costs the GPU memory of one more context."""
+        return EnginePreparedCall(self, shapes, outputs)
 
     def infer(self, feeds, outputs=None, *, out=None, device_outputs: bool = False) -> dict:
         """`infer_async(...).result()` without a pending call's bookkeeping: the call keeps its

@@ -210,6 +210,25 @@ def validate_feeds(specs: Sequence[IOSpec], feeds: Mapping, *, allow_device: boo
     return out
 
 
+def check_shapes(specs: Sequence[IOSpec], shapes: Mapping) -> tuple[tuple[int, ...], ...]:
+    """Checks {input name: shape} as `validate_feeds` checks feeds of those shapes (names, ranks,
+    fixed axes, the profile, shared axes) without making any array; the shapes in spec order."""
+    if not isinstance(shapes, Mapping):
+        raise InputError(f"shapes must be a dict of input name -> shape, got {type(shapes).__name__}")
+    _check_names(specs, shapes)
+    out, sizes = [], {}
+    for spec in specs:
+        try:
+            shape = tuple(int(d) for d in shapes[spec.name])
+        except (TypeError, ValueError) as e:
+            raise InputError(f"shape of input {spec.name} must be a sequence of integers, got "
+                             f"{shapes[spec.name]!r}") from e
+        _check_one(spec, shape, np.dtype(spec.dtype))
+        _check_shared_axes(spec, shape, sizes)
+        out.append(shape)
+    return tuple(out)
+
+
 class FeedCheck:
     """`validate_feeds` with a memory: numpy feeds whose names, dtypes and shapes passed once pass
     again after a few dict lookups (a serving loop sends the same shapes over and over). Returns

@@ -5,6 +5,7 @@ graphs and the shape / address state TensorRT was last enqueued with. `SlotPool`
 behind a `CallGate`, so `close()` waits for calls in flight and callers waiting for a slot give up.
 `EnginePending`: an enqueued call; `result()` waits and returns what the call asked for.
 `Plan`: what a repeated synchronous call needs, worked out once per input shapes and outputs.
+`EnginePreparedCall`: a prepared call (prepared.py) on a slot of its own, outside the pool.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 from trt_seer.errors import CudaError, InputError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.base import CallGate, Model, Pending
+from trt_seer.runtime.prepared import PreparedCall
 
 CACHE_LIMIT = 256  # output shapes kept per slot (one entry per input shape seen)
 ALIGN = 256  # bytes; each input's place in the staging buffer starts on such a boundary
@@ -259,3 +261,66 @@ class EnginePending(Pending):
         slot.done.synchronize()
         self._model.note_gpu_time(slot)
         return {name: value.copy() if copy else value for name, value, copy in self._results}
+
+
+class EnginePreparedCall(PreparedCall):
+    """A prepared call with an execution context of its own, added to the model's slots but not to
+    its pool: `run()` enters the model's gate (so the model's close() waits for it), copies the staged
+    inputs in, runs the engine, copies the outputs back and waits, all from addresses worked out here."""
+
+    def _places(self) -> dict:
+        model = self.model
+        model._pool.enter()  # the model stays open while the context is made
+        try:
+            slot = Slot(model)
+            with model._pool.lock:
+                model._slots.append(slot)
+        finally:
+            model._pool.leave()
+        self.slot = slot
+        plan = slot.plan(self.shapes, self.selected)  # sets the shapes; nothing else uses this slot
+        rt, handle = cuda.cudart(), slot.stream.handle
+        self._memcpy, self._sync, self._handle = rt.cudaMemcpyAsync, rt.cudaStreamSynchronize, handle
+        self._copy_in = (slot.staging.device_ptr, slot.staging.host_ptr, plan.staged,
+                         cuda._memcpy_kind("HostToDevice"), handle)
+        d2h = cuda._memcpy_kind("DeviceToHost")
+        self._copies_out = tuple((host, device, size, d2h, handle) for host, device, size in plan.copies)
+        self.outputs = dict(plan.returns)
+        return dict(zip(model.input_names, plan.views))
+
+    def _run(self) -> dict:
+        model, slot = self.model, self.slot
+        model._pool.enter()  # InputError once the model is closed (its close() freed this context)
+        try:
+            cuda.check(self._memcpy(*self._copy_in)[0], "cudaMemcpyAsync(HostToDevice)")
+            model._run_engine(slot, self.shapes, self._handle)
+            for args in self._copies_out:
+                cuda.check(self._memcpy(*args)[0], "cudaMemcpyAsync(DeviceToHost)")
+            cuda.check(self._sync(self._handle)[0], "cudaStreamSynchronize")
+            model.note_gpu_time(slot)
+        except BaseException:
+            try:
+                cuda.synchronize(self._handle)
+            finally:
+                model._pool.leave()
+            raise
+        model._pool.leave()
+        return self.outputs
+
+    def close(self) -> None:
+        """Waits for a run in flight, then frees this call's context and buffers (unless the model's
+        close() did already). Idempotent."""
+        with self._busy:
+            if self._closed:
+                return
+            self._closed = True
+            pool = self.model._pool
+            if not pool.try_enter():
+                return  # the model is closed: its close() freed this call's slot with its own
+            try:
+                with pool.lock:
+                    self.model._slots.remove(self.slot)
+                self.slot.stream.synchronize()
+                self.slot.close()
+            finally:
+                pool.leave()

@@ -1,0 +1,110 @@
+"""A prepared call: input shapes and outputs fixed once, then run many times.
+
+    shapes = {name: (1, 128) for name in model.input_names}
+    with model.prepare(shapes, outputs=["sentence_embedding"]) as call:
+        for feeds in requests:                # host numpy arrays of exactly those shapes
+            vector = call.run(feeds)["sentence_embedding"].copy()
+
+`prepare()` checks names, dtypes, shapes and the engine's profile once; `run(feeds)` then only
+checks that each feed has the prepared shape and dtype, copies it into `inputs`, and runs. The
+arrays `run()` returns belong to the call and are overwritten by its next run: copy what you keep.
+Writing `call.inputs[name][...]` directly and calling `run()` with no feeds skips that copy too.
+
+`PreparedCall` works on any backend by calling `infer`. The TensorRT backend's `EnginePreparedCall`
+owns an execution context of its own (stream, pinned staging and output buffers, created at
+prepare() and freed by close() or by the model's close()), so its run is one copy in, the engine,
+one copy out per returned output and a wait: no pool, no feed check, no allocation. One thread at
+a time may run a prepared call; prepare one per thread for more.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from trt_seer.errors import InputError
+from trt_seer.runtime.io import check_shapes
+
+
+class PreparedCall:
+    """A backend-neutral prepared call; see the module docstring."""
+
+    def __init__(self, model, shapes: Mapping, outputs: Sequence[str] | str | None = None):
+        self.model = model
+        self.selected = model.selected_outputs(outputs)
+        self.shapes = check_shapes(model.inputs, shapes)  # in the model's input order
+        self._busy = threading.Lock()
+        self._closed = False
+        self.inputs: dict[str, np.ndarray] = self._places()
+        self._staging = tuple(self.inputs.items())
+
+    def _places(self) -> dict[str, np.ndarray]:
+        """Where feeds are staged, one array per input in the model's input order."""
+        return {s.name: np.zeros(shape, s.dtype) for s, shape in zip(self.model.inputs, self.shapes)}
+
+    def run(self, feeds: Mapping | None = None) -> dict[str, np.ndarray]:
+        """Copies `feeds` (if given) into `inputs` and runs; {output name: array} of the outputs
+        asked for at prepare(), overwritten by the next run. InputError for feeds of other names,
+        shapes or dtypes, and once this call or its model is closed."""
+        if not self._busy.acquire(blocking=False):
+            raise InputError("this prepared call is running in another thread; prepare one call per thread")
+        try:
+            if self._closed:
+                raise InputError("this prepared call is closed")
+            if feeds is not None:
+                self._stage(feeds)
+            return self._run()
+        finally:
+            self._busy.release()
+
+    def _stage(self, feeds: Mapping) -> None:
+        if type(feeds) is not dict and not isinstance(feeds, Mapping):
+            raise InputError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
+        if len(feeds) != len(self._staging):
+            self._check_names(feeds)
+        values = [feeds.get(name) for name, _ in self._staging]
+        for (name, place), value in zip(self._staging, values):  # all checked before any is copied
+            if (type(value) is not np.ndarray or value.shape != place.shape
+                    or (value.dtype is not place.dtype and value.dtype != place.dtype)):
+                raise InputError(self._mismatch(name, value, place))
+        for (_, place), value in zip(self._staging, values):
+            place[...] = value
+
+    def _check_names(self, feeds: Mapping) -> None:
+        names = [n for n, _ in self._staging]
+        missing, unknown = [n for n in names if n not in feeds], sorted(str(n) for n in feeds if n not in names)
+        problems = ([f"missing input(s) {', '.join(missing)}"] if missing else []) + (
+            [f"unknown input(s) {', '.join(unknown)}"] if unknown else [])
+        raise InputError(f"{'; '.join(problems)}; this call was prepared for {', '.join(names)}")
+
+    @staticmethod
+    def _mismatch(name: str, value, place: np.ndarray) -> str:
+        wanted = f"{list(place.shape)} {place.dtype.name}"
+        if value is None:
+            return f"missing input {name}; this call was prepared for {wanted}"
+        if type(value) is not np.ndarray:
+            return f"input {name} is {type(value).__name__}; a prepared call takes numpy arrays ({wanted})"
+        if value.shape != place.shape:
+            return (f"input {name} has shape {list(value.shape)}; this call was prepared for {list(place.shape)}: "
+                    "prepare another call for these shapes, or use infer()")
+        return (f"input {name} has dtype {value.dtype.name}; this call takes {place.dtype.name} "
+                f"(convert with .astype(np.{place.dtype.name}))")
+
+    def _run(self) -> dict[str, np.ndarray]:
+        return self.model.infer(self.inputs, outputs=[s.name for s in self.selected])
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Waits for a run in flight in another thread; later runs raise InputError. Idempotent."""
+        with self._busy:
+            self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
