@@ -71,7 +71,7 @@ class Buffer:
 
 class Handle:
     def __init__(self, timing=True):
-        self.handle = 7
+        self.handle = self.ptr = 7
 
     def synchronize(self):
         pass
@@ -292,16 +292,16 @@ def test_prepared_call_runs_one_thread_at_a_time(model):
     """A second thread's run() while one is inside fails at once, and close() waits for the run."""
     import threading
 
-    call = model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)}, outputs="sum")
     inside, go = threading.Event(), threading.Event()
-    run_engine = call.slot.context.execute_async_v3
 
-    def slow(stream):
-        inside.set()
-        go.wait(5)
-        return run_engine(stream)
+    class SlowContext(Context):
+        def execute_async_v3(self, stream):
+            inside.set()
+            go.wait(5)
+            return super().execute_async_v3(stream)
 
-    call.slot.context.execute_async_v3 = slow
+    model._new_context = SlowContext  # the prepared call's own context
+    call = model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)}, outputs="sum")
     feeds = feeds_of(1, 2, seed=3)
     results = []
     worker = threading.Thread(target=lambda: results.append(call.run(feeds)["sum"].copy()))
@@ -318,3 +318,68 @@ def test_prepared_call_runs_one_thread_at_a_time(model):
     closer.join(5)
     np.testing.assert_array_equal(results[0], expected(feeds)["sum"])
     assert call.closed and call.slot not in model._slots
+
+
+class AllocRuntime:
+    """cudart's allocators over ordinary memory, recording what is freed."""
+
+    def __init__(self):
+        self.blocks, self.freed = {}, []
+
+    def _alloc(self, size):
+        block = ctypes.create_string_buffer(size)
+        self.blocks[ctypes.addressof(block)] = block
+        return (0, ctypes.addressof(block))
+
+    cudaMallocHost = cudaMalloc = _alloc
+
+    def cudaFreeHost(self, ptr):
+        self.freed.append(("host", ptr))
+        return (0,)
+
+    def cudaFree(self, ptr):
+        self.freed.append(("device", ptr))
+        return (0,)
+
+
+def test_pinned_memory_outlives_close_while_a_view_of_it_is_held(monkeypatch):
+    """close() frees the device side at once; the pinned host side goes with the last numpy view,
+    so a result array handed out is never left over freed memory."""
+    import gc
+
+    rt = AllocRuntime()
+    monkeypatch.setattr(cuda, "cudart", lambda: rt)
+    buf = cuda.HostDeviceBuffer(64)
+    kept = buf.host_view((8,), np.float32)
+    kept[:] = np.arange(8)
+    buf.close()
+    assert rt.freed == [("device", buf.device_ptr)]
+    with pytest.raises(cuda.CudaError, match="closed"):
+        buf.host_view((8,), np.float32)
+    np.testing.assert_array_equal(kept, np.arange(8))
+    del kept
+    gc.collect()
+    assert rt.freed == [("device", buf.device_ptr), ("host", buf.host_ptr)]
+    unused = cuda.HostDeviceBuffer(16)
+    unused.close()
+    assert set(rt.freed[-2:]) == {("device", unused.device_ptr), ("host", unused.host_ptr)}  # no view: both at close
+
+
+def test_a_failed_prepared_run_raises_the_engines_reason_and_the_call_stays_usable(model):
+    fail = [True]
+
+    class FlakyContext(Context):
+        def execute_async_v3(self, stream):
+            if fail.pop():
+                return False
+            return super().execute_async_v3(stream)
+
+    model._new_context = FlakyContext
+    model._logger = types.SimpleNamespace(errors=["IExecutionContext::enqueueV3: out of memory"])
+    call = model.prepare({"input_ids": (2, 2), "attention_mask": (2, 2)}, outputs=["sum"])
+    feeds = feeds_of(2, 2, seed=4)
+    with pytest.raises(engine_mod.TrtSeerError, match="TensorRT failed to run sim.engine: IExecutionContext"):
+        call.run(feeds)
+    fail.append(False)
+    np.testing.assert_array_equal(call.run(feeds)["sum"], expected(feeds)["sum"])
+    assert model._pool.inside == 0

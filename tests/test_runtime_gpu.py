@@ -346,6 +346,8 @@ def test_prepared_calls_match_infer_on_their_own_context(engines):
         feeds = feeds_for(ckpt, 2, 16, seed=70)
         assert_close(small.run(feeds)["sentence_embedding"], m.infer(feeds)["sentence_embedding"], 2e-3, "after close")
         assert large.slot.context is None and large.slot not in m._slots
+        kept, want = small.run(feeds)["sentence_embedding"], m.infer(feeds)["sentence_embedding"]
+    assert_close(kept, want, 2e-3, "a result read after the model closed")  # its pinned memory is still held
     with pytest.raises(InputError, match="is closed"):
         small.run(feeds)
 

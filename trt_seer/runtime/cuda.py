@@ -7,8 +7,9 @@
 
 cuda-python is imported on first use (`cuda.bindings.runtime`, or `cuda.cudart` from older
 releases), so importing this module needs no GPU. Every call goes through `cuda_call`, which raises
-`CudaError` with CUDA's error name: errors are never swallowed. Memory is freed by `close()` (or
-the context manager, or at garbage collection); a numpy view of a closed buffer must not be used.
+`CudaError` with CUDA's error name: errors are never swallowed. Device memory is freed by `close()`
+(or the context manager, or at garbage collection); pinned host memory when the last numpy view of
+it is gone, so arrays over it stay valid.
 """
 from __future__ import annotations
 
@@ -217,33 +218,39 @@ class ByteViews:
         return view
 
 
-def _free_buffers(host_ptr: int, device_ptr: int) -> None:
-    rt = cudart()
-    cuda_call(rt.cudaFree(device_ptr), "cudaFree")
-    cuda_call(rt.cudaFreeHost(host_ptr), "cudaFreeHost")
+class _PinnedHost:
+    """Page-locked host memory (cudaMallocHost), freed when this object is collected."""
+
+    def __init__(self, size: int):
+        self.ptr = int(cuda_call(cudart().cudaMallocHost(size), f"cudaMallocHost({size})"))
+        self._finalizer = weakref.finalize(self, _destroy, "cudaFreeHost", self.ptr)
+
+
+def pinned_array(size: int) -> np.ndarray:
+    """`size` bytes of new page-locked host memory as a uint8 array. The memory lives as long as the
+    array or any view of it does, so an array handed to a caller never outlives its memory."""
+    owner = _PinnedHost(size)
+    raw = (ctypes.c_uint8 * size).from_address(owner.ptr)
+    raw._owner = owner  # numpy views reach `raw` through their base; `raw` keeps the owner
+    return np.ctypeslib.as_array(raw)
 
 
 class HostDeviceBuffer(_Owned):
     """`nbytes` of page-locked host memory (cudaMallocHost) and of device memory (cudaMalloc).
 
     Pinned memory lets copies run asynchronously on a stream at full PCIe/NVLink bandwidth;
-    `host_view` is a numpy array over it.
+    `host_view` is a numpy array over it. `close()` frees the device memory at once; the host
+    memory goes with the last numpy view of it (a result handed out stays readable).
     """
 
     def __init__(self, nbytes: int):
-        rt = cudart()
         self.nbytes = int(nbytes)
         size = max(self.nbytes, 1)
-        host_ptr = cuda_call(rt.cudaMallocHost(size), f"cudaMallocHost({size})")
-        try:
-            device_ptr = cuda_call(rt.cudaMalloc(size), f"cudaMalloc({size})")
-        except CudaError:
-            cuda_call(rt.cudaFreeHost(host_ptr), "cudaFreeHost")
-            raise
-        self.host_ptr, self.device_ptr = int(host_ptr), int(device_ptr)
-        host = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(self.host_ptr))
+        host = pinned_array(size)  # freed by reference counting if cudaMalloc fails below
+        device_ptr = int(cuda_call(cudart().cudaMalloc(size), f"cudaMalloc({size})"))
+        self.host_ptr, self.device_ptr = int(host.ctypes.data), device_ptr
         self._views = ByteViews(host[:self.nbytes], "the buffer")
-        self._finalizer = weakref.finalize(self, _free_buffers, self.host_ptr, self.device_ptr)
+        self._finalizer = weakref.finalize(self, _destroy, "cudaFree", device_ptr)
 
     def host_view(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         """A numpy array of `shape` over the start of the pinned memory (no copy). Views are kept

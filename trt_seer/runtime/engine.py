@@ -213,7 +213,7 @@ class TensorRTModel(Model):
         try:
             seen = None if out or device_outputs or slot.foreign else self._check_feeds.seen(feeds)
             if seen is not None:  # host feeds of shapes that passed before, outputs to fresh arrays
-                values = self._run_plan(slot, slot.plan(seen[1], selected), seen[0], handle)
+                values = self._run_plan(slot, slot.plan(seen[1], selected), seen[0])
             else:
                 results, _ = self._start(slot, feeds, selected, out, device_outputs, handle, done_event=False)
                 slot.stream.synchronize()
@@ -225,19 +225,13 @@ class TensorRTModel(Model):
         self._pool.release_and_leave(slot)
         return values
 
-    def _run_plan(self, slot: Slot, plan: Plan, feeds: tuple, handle) -> dict:
+    def _run_plan(self, slot: Slot, plan: Plan, feeds: tuple) -> dict:
         """The common call, worked out beforehand (`Slot.plan`; `feeds` in input order): the same
         CUDA work as `_enqueue` with every tensor in the slot's own buffers, the wait, the copies out."""
-        stream = slot.stream  # a Stream resolves to its handle quickest
         for view, value in zip(plan.views, feeds):
             view[...] = value  # same shape and dtype: a plain copy, cheaper to call than np.copyto
         slot.set_shapes(plan.key)
-        cuda.copy_async(slot.staging.device_ptr, slot.staging.host_ptr, plan.staged, "HostToDevice", stream)
-        self._run_engine(slot, plan.key, handle)
-        for host, device, size in plan.copies:
-            cuda.copy_async(host, device, size, "DeviceToHost", stream)
-        stream.synchronize()
-        self.note_gpu_time(slot)
+        slot.launch(plan, self)
         return {name: view.copy() for name, view in plan.returns}
 
     def _start(self, slot: Slot, feeds, selected: tuple, out, device_outputs: bool, handle,
@@ -351,9 +345,12 @@ class TensorRTModel(Model):
 
     def _enqueue_engine(self, slot: Slot, stream) -> None:
         if not slot.context.execute_async_v3(int(stream)):
-            why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
-            raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
+            raise self._engine_error()
         slot.dirty = False
+
+    def _engine_error(self) -> TrtSeerError:
+        why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
+        return TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
 
     def _capture(self, slot: Slot, key) -> None:
         """Captures the engine's launch for this shape on the context's own stream."""

@@ -52,9 +52,7 @@ class PreparedCall:
         try:
             if self._closed:
                 raise InputError("this prepared call is closed")
-            if feeds is not None:
-                self._stage(feeds)
-            return self._run()
+            return self._run(feeds)
         finally:
             self._busy.release()
 
@@ -91,7 +89,9 @@ class PreparedCall:
         return (f"input {name} has dtype {value.dtype.name}; this call takes {place.dtype.name} "
                 f"(convert with .astype(np.{place.dtype.name}))")
 
-    def _run(self) -> dict[str, np.ndarray]:
+    def _run(self, feeds: Mapping | None) -> dict[str, np.ndarray]:
+        if feeds is not None:
+            self._stage(feeds)
         return self.model.infer(self.inputs, outputs=[s.name for s in self.selected])
 
     @property

@@ -57,14 +57,14 @@ def staging_regions(specs) -> tuple[cuda.HostDeviceBuffer, dict[str, Region]]:
 class Plan:
     """A repeated call's work on one slot, for one combination of input shapes (`key`) and returned
     outputs (`selected`, the model's cached selection): where each input is staged (`views`, in
-    input order), how many staging bytes go to the GPU (`staged`), and per returned output its
-    copy back (host address, device address, bytes) and (name, pinned host view) to return."""
+    input order), the arguments of cudaMemcpyAsync for the staged inputs (`copy_in`) and for each
+    returned output's copy back (`copies_out`), and (name, pinned host view) per returned output."""
 
     key: tuple
     selected: tuple
     views: tuple
-    staged: int
-    copies: tuple
+    copy_in: tuple
+    copies_out: tuple
     returns: tuple
 
 
@@ -78,6 +78,8 @@ class Slot:
         self.input_names = model.input_names
         self.input_dtypes = tuple(np.dtype(s.dtype) for s in model.inputs)
         self.stream = cuda.Stream()
+        rt = cuda.cudart()
+        self._memcpy, self._sync = rt.cudaMemcpyAsync, rt.cudaStreamSynchronize
         self.start, self.end = cuda.Event(), cuda.Event()
         self.done, self.ready = cuda.Event(timing=False), cuda.Event(timing=False)
         self.staging, self.inputs = staging_regions(model.inputs)
@@ -136,15 +138,39 @@ class Slot:
         regions = [self.inputs[n] for n in self.input_names]
         views = tuple(r.host_view(shape, dt) for r, shape, dt in zip(regions, key, self.input_dtypes))
         staged = max(r.offset + v.nbytes for r, v in zip(regions, views))
-        copies, returns = [], []
+        handle = self.stream.handle
+        copy_in = (self.staging.device_ptr, self.staging.host_ptr, staged, cuda._memcpy_kind("HostToDevice"), handle)
+        d2h, copies, returns = cuda._memcpy_kind("DeviceToHost"), [], []
         for spec in selected:
             buf, view = self.outputs[spec.name], self.outputs[spec.name].host_view(shapes[spec.name], spec.dtype)
-            copies.append((buf.host_ptr, buf.device_ptr, view.nbytes))
+            copies.append((buf.host_ptr, buf.device_ptr, view.nbytes, d2h, handle))
             returns.append((spec.name, view))
-        plan = Plan(key, selected, views, staged, tuple(copies), tuple(returns))
+        plan = Plan(key, selected, views, copy_in, tuple(copies), tuple(returns))
         if len(self._plans) < CACHE_LIMIT:
             self._plans[(key, id(selected))] = plan
         return plan
+
+    def launch(self, plan: Plan, model: Model) -> None:
+        """The planned call's CUDA work on this slot's stream, its inputs staged and shapes set: the
+        staged bytes in, the engine (enqueued straight on the context when the flavor replays its
+        own graphs and no events are wanted), the returned outputs back, then the wait."""
+        (err,) = self._memcpy(*plan.copy_in)
+        if err:
+            cuda.check(err, "cudaMemcpyAsync(HostToDevice)")
+        timed = model.options.time_gpu
+        if model.graph_mode == "runtime" and not timed:
+            if not self.context.execute_async_v3(self.stream.ptr):
+                raise model._engine_error()
+        else:
+            model._run_engine(self, plan.key, self.stream.handle)
+        for args in plan.copies_out:
+            (err,) = self._memcpy(*args)
+            if err:
+                cuda.check(err, "cudaMemcpyAsync(DeviceToHost)")
+        (err,) = self._sync(self.stream.handle)
+        if err:
+            cuda.check(err, "cudaStreamSynchronize")
+        model.note_gpu_time(self)
 
     def bind(self, name: str, address: int) -> None:
         if self.addresses.get(name) != address:
@@ -161,7 +187,7 @@ class Slot:
             graph.close()
         self.graphs.clear()
         self.context = None
-        self.inputs = {}
+        self.inputs, self._plans, self._out_shapes = {}, {}, {}  # drop this slot's views of pinned memory
         for buf in (self.staging, *self.outputs.values()):
             buf.close()
         for owned in (self.start, self.end, self.done, self.ready, self.stream):
@@ -265,62 +291,74 @@ class EnginePending(Pending):
 
 class EnginePreparedCall(PreparedCall):
     """A prepared call with an execution context of its own, added to the model's slots but not to
-    its pool: `run()` enters the model's gate (so the model's close() waits for it), copies the staged
-    inputs in, runs the engine, copies the outputs back and waits, all from addresses worked out here."""
+    its pool. `run()` takes the pool's lock once on entry and once on exit (it counts as a call inside
+    the model, so the model's close() waits for it), copies the staged inputs in, runs the engine,
+    copies the outputs back and waits, all from addresses worked out at prepare()."""
 
     def _places(self) -> dict:
         model = self.model
-        model._pool.enter()  # the model stays open while the context is made
+        self._pool, self._running = model._pool, False
+        self._pool.enter()  # the model stays open while the context is made
         try:
             slot = Slot(model)
-            with model._pool.lock:
+            with self._pool.lock:
                 model._slots.append(slot)
         finally:
-            model._pool.leave()
+            self._pool.leave()
         self.slot = slot
-        plan = slot.plan(self.shapes, self.selected)  # sets the shapes; nothing else uses this slot
-        rt, handle = cuda.cudart(), slot.stream.handle
-        self._memcpy, self._sync, self._handle = rt.cudaMemcpyAsync, rt.cudaStreamSynchronize, handle
-        self._copy_in = (slot.staging.device_ptr, slot.staging.host_ptr, plan.staged,
-                         cuda._memcpy_kind("HostToDevice"), handle)
-        d2h = cuda._memcpy_kind("DeviceToHost")
-        self._copies_out = tuple((host, device, size, d2h, handle) for host, device, size in plan.copies)
-        self.outputs = dict(plan.returns)
-        return dict(zip(model.input_names, plan.views))
+        self._plan = slot.plan(self.shapes, self.selected)  # sets the shapes; nothing else uses this slot
+        self.outputs = dict(self._plan.returns)
+        return dict(zip(model.input_names, self._plan.views))
 
-    def _run(self) -> dict:
-        model, slot = self.model, self.slot
-        model._pool.enter()  # InputError once the model is closed (its close() freed this context)
+    def run(self, feeds=None) -> dict:
+        pool = self._pool
+        with pool.lock:
+            if self._running or self._closed or pool.closed:
+                raise InputError(self._refusal())
+            self._running = True
+            pool.inside += 1
         try:
-            cuda.check(self._memcpy(*self._copy_in)[0], "cudaMemcpyAsync(HostToDevice)")
-            model._run_engine(slot, self.shapes, self._handle)
-            for args in self._copies_out:
-                cuda.check(self._memcpy(*args)[0], "cudaMemcpyAsync(DeviceToHost)")
-            cuda.check(self._sync(self._handle)[0], "cudaStreamSynchronize")
-            model.note_gpu_time(slot)
+            if feeds is not None:
+                self._stage(feeds)
+            self.slot.launch(self._plan, self.model)
         except BaseException:
             try:
-                cuda.synchronize(self._handle)
+                self.slot.stream.synchronize()
             finally:
-                model._pool.leave()
+                self._leave()
             raise
-        model._pool.leave()
+        self._leave()
         return self.outputs
 
+    def _refusal(self) -> str:
+        if self._closed:
+            return "this prepared call is closed"
+        if self._pool.closed:
+            return f"{self._pool.name} is closed"
+        return "this prepared call is running in another thread; prepare one call per thread"
+
+    def _leave(self) -> None:
+        pool = self._pool
+        with pool.lock:
+            self._running = False
+            pool.inside -= 1
+            pool.notify()
+
     def close(self) -> None:
-        """Waits for a run in flight, then frees this call's context and buffers (unless the model's
-        close() did already). Idempotent."""
-        with self._busy:
+        """Waits for a run in flight, then frees this call's context and device buffers (unless the
+        model's close() did already). Idempotent. Arrays it handed out stay readable."""
+        pool = self._pool
+        with pool.lock:
+            pool.wait_for(lambda: not self._running)
             if self._closed:
                 return
             self._closed = True
-            pool = self.model._pool
-            if not pool.try_enter():
-                return  # the model is closed: its close() freed this call's slot with its own
-            try:
-                with pool.lock:
-                    self.model._slots.remove(self.slot)
-                self.slot.stream.synchronize()
-                self.slot.close()
-            finally:
-                pool.leave()
+            if pool.closed:
+                return  # the model is closing: its close() frees this call's slot with its own
+            pool.inside += 1
+            self.model._slots.remove(self.slot)
+        try:
+            self.slot.stream.synchronize()
+            self.slot.close()
+        finally:
+            pool.leave()
