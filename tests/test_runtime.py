@@ -719,3 +719,15 @@ def test_prepare_refuses_shapes_with_infers_message(feature_onnx, case):
         with pytest.raises(InputError) as inferred:
             m.infer(feeds)
     assert str(prepared.value) == str(inferred.value)
+
+
+def test_big_endian_feeds_are_read_as_numbers_not_bytes(tiny_onnx):
+    """Backends read raw bytes: a big-endian int64 feed is converted, not misread (on infer and on a
+    prepared call alike)."""
+    feeds = token_feeds(2, 5, seed=3)
+    swapped = {name: value.astype(value.dtype.newbyteorder(">")) for name, value in feeds.items()}
+    with load(tiny_onnx) as m:
+        want = m.infer(feeds)["pooled"]
+        np.testing.assert_array_equal(m.infer(swapped)["pooled"], want)
+        call = m.prepare({name: value.shape for name, value in feeds.items()}, outputs="pooled")
+        np.testing.assert_array_equal(call.run(swapped)["pooled"], want)

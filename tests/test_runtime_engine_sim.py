@@ -66,7 +66,7 @@ class Buffer:
         cuda.copy_async(self.host_ptr, self.device_ptr, self.nbytes if nbytes is None else nbytes, "DeviceToHost", stream)
 
     def close(self):
-        pass
+        self.closes = getattr(self, "closes", 0) + 1
 
 
 class Handle:
@@ -144,6 +144,7 @@ def model(monkeypatch, request):
     m._new_context = Context
     m._check_feeds = engine_mod.FeedCheck(m.inputs)
     m._jit_cache = types.SimpleNamespace(save=lambda: None)
+    m._configs = {}
     m._slots = [slot_mod.Slot(m)]
     m._pool = m._gate = slot_mod.SlotPool("sim.engine", m._slots)
     m.rt = rt
@@ -286,6 +287,66 @@ def test_prepared_call_close_and_model_close_free_its_context_once(model):
     second.close()
     with pytest.raises(engine_mod.InputError, match="is closed"):
         model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)})
+    for call in (first, second):  # each buffer freed exactly once
+        assert [b.closes for b in (call.slot.staging, *call.slot.outputs.values())] == [1, 1, 1]
+
+
+def test_a_dropped_prepared_call_frees_its_context(model):
+    import gc
+
+    call = model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)}, outputs="sum")
+    slot = call.slot
+    first = call.run(feeds_of(1, 2, seed=0))
+    first.pop("sum")  # the caller's own dict: the next run is not affected
+    assert list(call.run(feeds_of(1, 2, seed=1))) == ["sum"]
+    del call
+    gc.collect()
+    assert slot not in model._slots and slot.context is None and slot.staging.closes == 1
+
+
+def test_prepare_and_close_from_two_threads_never_leave_a_half_made_context(model):
+    """close() while prepare() makes its context waits for it (then frees it with the others), and a
+    prepare() that fails after making its context frees it."""
+    import threading
+
+    made, go = threading.Event(), threading.Event()
+
+    class SlowContext(Context):
+        def __init__(self):
+            super().__init__()
+            made.set()
+            go.wait(5)
+
+    model._new_context = SlowContext
+    prepared = []
+    maker = threading.Thread(target=lambda: prepared.append(model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)})))
+    maker.start()
+    assert made.wait(5)
+    closer = threading.Thread(target=model.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive()  # waits for the prepare inside
+    go.set()
+    maker.join(5)
+    closer.join(5)
+    assert prepared[0].slot.context is None and not model._slots
+    with pytest.raises(engine_mod.InputError, match="is closed"):
+        prepared[0].run(feeds_of(1, 2, seed=0))
+
+
+def test_a_prepare_that_fails_after_making_its_context_frees_it(model, monkeypatch):
+    class PickyContext(Context):  # takes the profile's max shapes (buffers are sized with them), not (1, 2)
+        def set_input_shape(self, name, shape):
+            return tuple(shape) != (1, 2) and super().set_input_shape(name, shape)
+
+    closed, close = [], slot_mod.Slot.close
+    monkeypatch.setattr(slot_mod.Slot, "close", lambda slot: (closed.append(slot), close(slot)))
+    model._new_context = PickyContext
+    before = list(model._slots)
+    with pytest.raises(engine_mod.InputError, match="TensorRT rejected shape"):
+        model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)})
+    assert model._slots == before and model._pool.inside == 0
+    assert len(closed) == 1 and isinstance(closed[0].staging, Buffer) and closed[0].staging.closes == 1
 
 
 def test_prepared_call_runs_one_thread_at_a_time(model):
@@ -383,3 +444,12 @@ def test_a_failed_prepared_run_raises_the_engines_reason_and_the_call_stays_usab
     fail.append(False)
     np.testing.assert_array_equal(call.run(feeds)["sum"], expected(feeds)["sum"])
     assert model._pool.inside == 0
+
+
+def test_big_endian_feeds_reach_the_engine_as_numbers(model):
+    feeds = feeds_of(2, 3, seed=8)
+    swapped = {name: value.astype(value.dtype.newbyteorder(">")) for name, value in feeds.items()}
+    for _ in range(2):  # the second call of these shapes may take the remembered path
+        np.testing.assert_array_equal(model.infer(swapped)["sum"], expected(feeds)["sum"])
+    call = model.prepare({"input_ids": (2, 3), "attention_mask": (2, 3)}, outputs="sum")
+    np.testing.assert_array_equal(call.run(swapped)["sum"], expected(feeds)["sum"])

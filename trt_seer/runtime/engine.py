@@ -138,7 +138,7 @@ class TensorRTModel(Model):
         _check_io_names(self.manifest, self.inputs, self.outputs, self.path)
         self._check_feeds = FeedCheck(self.inputs)
         self._jit_cache = RuntimeCacheFile.for_engine(self.path, options.runtime_cache, self.flavor)
-        self._configs: list = []
+        self._configs: dict[int, object] = {}  # id(context) -> its IRuntimeConfig, kept as long as it
         self._graphs_ok = options.use_cuda_graph is not False
         self.graph_mode = "capture" if self._graphs_ok else None  # "runtime": the flavor's own
         self._slots = [Slot(self) for _ in range(options.contexts)]
@@ -161,7 +161,6 @@ class TensorRTModel(Model):
             # mid-launch); it captures and replays a graph per input shape itself when asked.
             config.cuda_graph_strategy = self.flavor.trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
             self.graph_mode = "runtime"
-        self._configs.append(config)
         return config
 
     def _new_context(self):
@@ -171,7 +170,44 @@ class TensorRTModel(Model):
         if context is None:
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "out of GPU memory?"
             raise TrtSeerError(f"TensorRT could not create an execution context for {self.path.name}: {why}")
+        if config is not None:
+            self._configs[id(context)] = config
         return context
+
+    def _add_slot(self, setup) -> Slot:
+        """A new slot outside the pool (a prepared call's), in the model's slots so that close() frees
+        it; `setup(slot)` runs before it is added. InputError once the model is closed."""
+        self._pool.enter()  # close() waits until the slot is made and set up, or refuses first
+        try:
+            slot = Slot(self)
+            try:
+                setup(slot)
+            except BaseException:
+                self._close_slot(slot)
+                raise
+            with self._pool.lock:
+                self._slots.append(slot)
+            return slot
+        finally:
+            self._pool.leave()
+
+    def _drop_slot(self, slot: Slot) -> None:
+        """Frees a slot made by `_add_slot` unless the model is closed (its close() frees it)."""
+        if not self._pool.try_enter():
+            return
+        try:
+            with self._pool.lock:
+                self._slots.remove(slot)
+            self._close_slot(slot)
+        finally:
+            self._pool.leave()
+
+    def _close_slot(self, slot: Slot) -> None:
+        try:
+            slot.stream.synchronize()
+        finally:
+            self._configs.pop(id(slot.context), None)
+            slot.close()
 
     # --- running -----------------------------------------------------------------------------
 
@@ -387,7 +423,7 @@ class TensorRTModel(Model):
         self._jit_cache.save()
         for slot in self._slots:
             slot.close()
-        self._slots, self._configs = [], []
+        self._slots, self._configs = [], {}
         self.engine = self._runtime = None
 
 

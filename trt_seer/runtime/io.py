@@ -206,8 +206,16 @@ def validate_feeds(specs: Sequence[IOSpec], feeds: Mapping, *, allow_device: boo
         arr = _as_array(spec.name, value, consumer_stream)
         _check_one(spec, tuple(int(d) for d in arr.shape), np.dtype(arr.dtype))
         _check_shared_axes(spec, arr.shape, sizes)
-        out[spec.name] = np.ascontiguousarray(arr) if isinstance(arr, np.ndarray) else arr
+        out[spec.name] = _native_contiguous(arr) if isinstance(arr, np.ndarray) else arr
     return out
+
+
+def _native_contiguous(arr: np.ndarray) -> np.ndarray:
+    """`arr` as a C-contiguous array in this machine's byte order (a copy only where it is not):
+    engines and ONNX Runtime read raw bytes, so a big-endian int64 would otherwise be misread."""
+    if not arr.dtype.isnative:
+        return arr.astype(arr.dtype.newbyteorder("="), order="C")
+    return np.ascontiguousarray(arr)
 
 
 def check_shapes(specs: Sequence[IOSpec], shapes: Mapping) -> tuple[tuple[int, ...], ...]:

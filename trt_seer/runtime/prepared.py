@@ -63,9 +63,9 @@ class PreparedCall:
             self._check_names(feeds)
         values = [feeds.get(name) for name, _ in self._staging]
         for (name, place), value in zip(self._staging, values):  # all checked before any is copied
-            if (type(value) is not np.ndarray or value.shape != place.shape
-                    or (value.dtype is not place.dtype and value.dtype != place.dtype)):
-                raise InputError(self._mismatch(name, value, place))
+            if ((type(value) is not np.ndarray and not isinstance(value, np.ndarray)) or value.shape != place.shape
+                    or (value.dtype is not place.dtype and value.dtype.name != place.dtype.name)):
+                raise InputError(self._mismatch(name, value, place))  # (another byte order is copied)
         for (_, place), value in zip(self._staging, values):
             place[...] = value
 
@@ -81,7 +81,7 @@ class PreparedCall:
         wanted = f"{list(place.shape)} {place.dtype.name}"
         if value is None:
             return f"missing input {name}; this call was prepared for {wanted}"
-        if type(value) is not np.ndarray:
+        if not isinstance(value, np.ndarray):
             return f"input {name} is {type(value).__name__}; a prepared call takes numpy arrays ({wanted})"
         if value.shape != place.shape:
             return (f"input {name} has shape {list(value.shape)}; this call was prepared for {list(place.shape)}: "

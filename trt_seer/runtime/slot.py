@@ -290,25 +290,22 @@ class EnginePending(Pending):
 
 
 class EnginePreparedCall(PreparedCall):
-    """A prepared call with an execution context of its own, added to the model's slots but not to
-    its pool. `run()` takes the pool's lock once on entry and once on exit (it counts as a call inside
+    """A prepared call with an execution context of its own, in the model's slots but not in its
+    pool. `run()` takes the pool's lock once on entry and once on exit (it counts as a call inside
     the model, so the model's close() waits for it), copies the staged inputs in, runs the engine,
-    copies the outputs back and waits, all from addresses worked out at prepare()."""
+    copies the outputs back and waits, all from addresses worked out at prepare(). A call dropped
+    without close() frees its context when it is collected."""
 
     def _places(self) -> dict:
         model = self.model
         self._pool, self._running = model._pool, False
-        self._pool.enter()  # the model stays open while the context is made
-        try:
-            slot = Slot(model)
-            with self._pool.lock:
-                model._slots.append(slot)
-        finally:
-            self._pool.leave()
-        self.slot = slot
-        self._plan = slot.plan(self.shapes, self.selected)  # sets the shapes; nothing else uses this slot
+        self.slot = model._add_slot(self._set_up)
+        self._release = weakref.finalize(self, model._drop_slot, self.slot)
         self.outputs = dict(self._plan.returns)
         return dict(zip(model.input_names, self._plan.views))
+
+    def _set_up(self, slot: Slot) -> None:
+        self._plan = slot.plan(self.shapes, self.selected)  # sets the shapes; nothing else uses this slot
 
     def run(self, feeds=None) -> dict:
         pool = self._pool
@@ -318,17 +315,19 @@ class EnginePreparedCall(PreparedCall):
             self._running = True
             pool.inside += 1
         try:
-            if feeds is not None:
-                self._stage(feeds)
-            self.slot.launch(self._plan, self.model)
-        except BaseException:
             try:
+                if feeds is not None:
+                    self._stage(feeds)
+                self.slot.launch(self._plan, self.model)
+            except BaseException:
                 self.slot.stream.synchronize()
-            finally:
-                self._leave()
-            raise
-        self._leave()
-        return self.outputs
+                raise
+        finally:
+            with pool.lock:
+                self._running = False
+                pool.inside -= 1
+                pool.notify()
+        return dict(self._plan.returns)
 
     def _refusal(self) -> str:
         if self._closed:
@@ -337,28 +336,12 @@ class EnginePreparedCall(PreparedCall):
             return f"{self._pool.name} is closed"
         return "this prepared call is running in another thread; prepare one call per thread"
 
-    def _leave(self) -> None:
-        pool = self._pool
-        with pool.lock:
-            self._running = False
-            pool.inside -= 1
-            pool.notify()
-
     def close(self) -> None:
         """Waits for a run in flight, then frees this call's context and device buffers (unless the
-        model's close() did already). Idempotent. Arrays it handed out stay readable."""
-        pool = self._pool
-        with pool.lock:
-            pool.wait_for(lambda: not self._running)
+        model's close() does). Idempotent. Arrays it handed out stay readable."""
+        with self._pool.lock:
+            self._pool.wait_for(lambda: not self._running)
             if self._closed:
                 return
             self._closed = True
-            if pool.closed:
-                return  # the model is closing: its close() frees this call's slot with its own
-            pool.inside += 1
-            self.model._slots.remove(self.slot)
-        try:
-            self.slot.stream.synchronize()
-            self.slot.close()
-        finally:
-            pool.leave()
+        self._release()
