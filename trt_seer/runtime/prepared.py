@@ -12,9 +12,9 @@ Writing `call.inputs[name][...]` directly and calling `run()` with no feeds skip
 
 `PreparedCall` works on any backend by calling `infer`. The TensorRT backend's `EnginePreparedCall`
 owns an execution context of its own (stream, pinned staging and output buffers, created at
-prepare() and freed by close() or by the model's close()), so its run is one copy in, the engine,
-one copy out per returned output and a wait: no pool, no feed check, no allocation. One thread at
-a time may run a prepared call; prepare one per thread for more.
+prepare() and freed by close(), by the model's close() or when the call is collected), so its run is
+one copy in, the engine, one copy out per returned output and a wait: no pool, no full feed check,
+no array allocated. One thread at a time may run a prepared call; prepare one per thread for more.
 """
 from __future__ import annotations
 
