@@ -57,6 +57,36 @@ static void *other_thread(void *arg) {
     return NULL;
 }
 
+/* A prepared call refuses what it was not prepared for, before copying anything in. */
+static void prepared_errors(trt_seer_model *m) {
+    float emb[2 * 32], tiny[1];
+    trt_seer_output o = {.name = "sentence_embedding", .data = emb, .capacity_bytes = sizeof emb};
+    trt_seer_prepared *p = NULL;
+    good_inputs(m);
+    inputs[0].dtype = TRT_SEER_INT32;
+    report("prepare_dtype", trt_seer_prepare(m, n_inputs, inputs, 1, &o, &p));
+    good_inputs(m);
+    inputs[1].shape = other_batch;
+    report("prepare_batch_mismatch", trt_seer_prepare(m, n_inputs, inputs, 1, &o, &p));
+    good_inputs(m);
+    report("prepare", trt_seer_prepare(m, n_inputs, inputs, 1, &o, &p));
+    printf("prepare_shape\t%d\t%s [%lld, %lld]\n", o.ndim, trt_seer_dtype_name(o.dtype), (long long)o.shape[0],
+           (long long)o.shape[1]);
+    report("prepared_run", trt_seer_prepared_run(p, n_inputs, inputs, 1, &o));
+    inputs[0].shape = other_batch;
+    report("prepared_other_shape", trt_seer_prepared_run(p, n_inputs, inputs, 1, &o));
+    good_inputs(m);
+    inputs[0].dtype = TRT_SEER_INT32;
+    report("prepared_other_dtype", trt_seer_prepared_run(p, n_inputs, inputs, 1, &o));
+    good_inputs(m);
+    trt_seer_input swapped[3] = {inputs[1], inputs[0], inputs[2]};
+    report("prepared_other_order", trt_seer_prepared_run(p, n_inputs, swapped, 1, &o));
+    trt_seer_output small = {.data = tiny, .capacity_bytes = sizeof tiny};
+    report("prepared_small_buffer", trt_seer_prepared_run(p, n_inputs, inputs, 1, &small));
+    report("prepared_missing_output", trt_seer_prepared_run(p, n_inputs, inputs, 0, &o));
+    report("prepared_close", trt_seer_prepared_close(p));
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) return 2;
     trt_seer_model *m = NULL;
@@ -102,6 +132,7 @@ int main(int argc, char **argv) {
     report("unknown_output", trt_seer_run(m, n_inputs, inputs, 1, &unknown));
     report("run_again", trt_seer_run(m, n_inputs, inputs, 1, &out));
     threads_agree(m);
+    prepared_errors(m);
     report("close", trt_seer_close(m));
     return 0;
 }

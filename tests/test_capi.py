@@ -85,7 +85,7 @@ def test_example_prints_the_io_and_returns_what_python_returns(built, tiny_onnx,
         want = m.infer(example_feeds(m, batch, seq))
         lines = [f"{kind} {s.name} {s.dtype} {list(s.shape)}" for kind, specs in
                  (("input", m.inputs), ("output", m.outputs)) for s in specs]
-    assert "backend onnxruntime" in r.stdout
+    assert "backend onnxruntime" in r.stdout and "prepared call: the same outputs" in r.stdout
     for line in lines:
         assert line in r.stdout
     printed = parse_outputs(r.stdout)
@@ -132,6 +132,7 @@ def test_example_times_repeated_calls(built, tiny_onnx):
     r = run_example(built, tiny_onnx, "--options", OPTIONS, "--repeat", 20)
     assert r.returncode == 0, r.stderr
     assert re.search(r"^per call: \d+\.\d us \(mean of 20\)$", r.stdout, re.M), r.stdout
+    assert re.search(r"^per prepared call: \d+\.\d us \(mean of 20\)$", r.stdout, re.M), r.stdout
 
 
 def test_missing_artifact_exits_with_the_status_and_one_line(built, tmp_path):
@@ -171,14 +172,22 @@ def test_error_paths_return_a_status_and_one_line_message(errors_program, tiny_o
         "missing_input": (1, "missing input(s) token_type_ids"),
         "small_buffer": (4, "output sentence_embedding is float32[2, 32] = 256 bytes; its buffer holds 4"),
         "unknown_output": (1, "unknown output pooler_output"),
+        "prepare_dtype": (1, "input input_ids has dtype int32; the model takes int64"),
+        "prepare_batch_mismatch": (1, "disagree on the batch axis: 2 vs 1"),
+        "prepared_other_shape": (1, "input input_ids has shape [1, 4]; this call was prepared for [2, 4]"),
+        "prepared_other_dtype": (1, "input input_ids has dtype int32; this call takes int64"),
+        "prepared_other_order": (1, "input entry 0 is attention_mask; this call was prepared with input_ids there"),
+        "prepared_small_buffer": (4, "output sentence_embedding is float32[2, 32] = 256 bytes; its buffer holds 4"),
+        "prepared_missing_output": (1, "this call was prepared to return 1 outputs; got 0 entries"),
     }
     for case, (status, words) in expected.items():
         assert cases[case][0] == status, (case, cases[case])
         assert words in cases[case][1], (case, cases[case])
-    for case in ("open", "run", "run_again", "close"):  # successes clear the thread's message
+    for case in ("open", "run", "run_again", "prepare", "prepared_run", "prepared_close", "close"):  # successes clear the thread's message
         assert cases[case] == (0, ""), (case, cases[case])
     assert cases["thread_sees"] == (0, "")  # another thread's last error is its own
     assert cases["threads_agree"] == (0, "")  # 4 threads x 20 calls on one model, same answer
+    assert cases["prepare_shape"] == (2, "float32 [2, 32]")  # prepare() sets the output entry's shape
 
 
 def test_library_joins_the_interpreter_of_a_python_host(built, tiny_onnx):
@@ -312,7 +321,7 @@ def test_example_runs_an_engine_on_tensorrt_like_python(built, tmp_path):
     dump.mkdir()
     r = run_example(built, engine, "--backend", "tensorrt", "--batch", 3, "--seq", 7, "--dump", dump)
     assert r.returncode == 0, r.stderr
-    assert "backend tensorrt" in r.stdout
+    assert "backend tensorrt" in r.stdout and "prepared call: the same outputs" in r.stdout
     with load(engine, backend="tensorrt") as m:
         want = m.infer(example_feeds(m, 3, 7))
     for name, value in want.items():

@@ -731,3 +731,24 @@ def test_big_endian_feeds_are_read_as_numbers_not_bytes(tiny_onnx):
         np.testing.assert_array_equal(m.infer(swapped)["pooled"], want)
         call = m.prepare({name: value.shape for name, value in feeds.items()}, outputs="pooled")
         np.testing.assert_array_equal(call.run(swapped)["pooled"], want)
+
+
+def test_a_prepared_call_refuses_an_output_whose_shape_changes():
+    """The backend-neutral prepared call copies each run's results into arrays sized at prepare();
+    a model whose output shape does not follow from the input shapes is refused, not truncated."""
+    from trt_seer.errors import UnsupportedError
+    from trt_seer.runtime.base import Model
+
+    class Drifting(Model):  # its output grows by one element per call
+        def __init__(self):
+            super().__init__()
+            self.inputs, self.outputs, self.calls = (IOSpec("x", "float32", (-1,)),), (IOSpec("y", "float32", (-1,)),), 0
+
+        def infer(self, feeds, outputs=None, *, out=None, device_outputs=False):
+            self.calls += 1
+            return {"y": np.full(self.calls, float(feeds["x"].sum()), np.float32)}
+
+    call = Drifting().prepare({"x": (3,)})
+    assert call.outputs["y"].shape == (1,)
+    with pytest.raises(UnsupportedError, match=r"output y came out \[2\] after \[1\] for the same input shapes"):
+        call.run({"x": np.ones(3, np.float32)})

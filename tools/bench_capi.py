@@ -37,11 +37,12 @@ def per_call_us(fn, calls: int) -> float:
     return 1e6 * (time.perf_counter() - start) / calls
 
 
-def c_round(example: Path, args) -> float:
+def c_round(example: Path, args) -> tuple[float, float]:
+    """(trt_seer_run, trt_seer_prepared_run) microseconds per call, from one run of the example."""
     r = subprocess.run([str(example), str(args.artifact), "--batch", str(args.batch), "--seq", str(args.seq),
                         "--options", '{"threads": 1}', "--repeat", str(args.calls)],
                        capture_output=True, text=True, check=True)
-    return float(re.search(r"^per call: ([\d.]+) us", r.stdout, re.M)[1])
+    return tuple(float(re.search(rf"^per {kind}call: ([\d.]+) us", r.stdout, re.M)[1]) for kind in ("", "prepared "))
 
 
 def main() -> None:
@@ -62,10 +63,15 @@ def main() -> None:
     feeds = example_feeds(model, args.batch, args.seq)
     names = list(model.output_names)
     session = create_session(model.path, OrtOptions(threads=1)) if model.backend == "onnxruntime" else None
-    times = {"C trt_seer_run": [], "Python Model.infer": [], "ONNX Runtime session.run": []}
+    prepared = model.prepare({name: value.shape for name, value in feeds.items()})
+    times = {"C trt_seer_run": [], "C trt_seer_prepared_run": [], "Python Model.infer": [],
+             "Python prepared.run(feeds)": [], "ONNX Runtime session.run": []}
     for _ in range(args.rounds):
-        times["C trt_seer_run"].append(c_round(built.example, args))
+        c_run, c_prepared = c_round(built.example, args)
+        times["C trt_seer_run"].append(c_run)
+        times["C trt_seer_prepared_run"].append(c_prepared)
         times["Python Model.infer"].append(per_call_us(lambda: model.infer(feeds), args.calls))
+        times["Python prepared.run(feeds)"].append(per_call_us(lambda: prepared.run(feeds), args.calls))
         if session is not None:
             times["ONNX Runtime session.run"].append(per_call_us(lambda: session.run(names, feeds), args.calls))
     print(f"{args.artifact.name} on {model.backend}, batch {args.batch}, seq {args.seq}, "

@@ -156,3 +156,28 @@ def run(handle: Handle, names, codes, shapes, buffers, out_names, out_buffers) -
             raise errors.UnsupportedError(f"output {spec.name} has dtype {value.dtype}, which trt_seer.h has no code for")
         result.append((code, value.shape))
     return result
+
+
+def prepare(handle: Handle, names, codes, shapes, out_names) -> tuple:
+    """A prepared call (Model.prepare) for these input shapes and outputs, and the fixed memory the C
+    library copies through: per input (address, bytes) in the caller's order, per output (name,
+    dtype code, shape, address, bytes). The call's arrays keep that memory alive."""
+    model = handle.model
+    if len(set(names)) != len(names):
+        raise errors.InputError(f"inputs name {', '.join(n for n in dict.fromkeys(names) if names.count(n) > 1)} "
+                                "more than once")
+    takes = {s.name: s for s in model.inputs}
+    for name, code in zip(names, codes):
+        if name in takes and DTYPES[code] != takes[name].dtype:
+            raise errors.InputError(f"input {name} has dtype {DTYPES[code]}; the model takes {takes[name].dtype}")
+    specs = _output_specs(handle, out_names)
+    call = model.prepare(dict(zip(names, shapes)), outputs=[s.name for s in specs])
+    ins = [(call.inputs[n].ctypes.data, call.inputs[n].nbytes) for n in names]
+    outs = []
+    for spec in specs:
+        value = call.outputs[spec.name]
+        code = DTYPE_CODES.get(value.dtype)
+        if code is None:
+            raise errors.UnsupportedError(f"output {spec.name} has dtype {value.dtype}, which trt_seer.h has no code for")
+        outs.append((spec.name, code, value.shape, value.ctypes.data, value.nbytes))
+    return call, ins, outs

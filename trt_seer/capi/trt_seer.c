@@ -3,7 +3,9 @@
  * The first call starts one CPython interpreter for the process (or joins the host's, when the
  * library is loaded into a Python process), imports trt_seer.capi.bridge and releases the GIL;
  * each call takes the GIL, wraps the caller's buffers in memoryviews (no copy) and calls the
- * bridge, which calls trt_seer.runtime.load / Model.infer. The interpreter is never finalized.
+ * bridge, which calls trt_seer.runtime.load / Model.infer. A prepared call copies inputs into, and
+ * outputs out of, the Python call's own memory without the GIL and takes it only for the run.
+ * The interpreter is never finalized.
  * Build with `python -m trt_seer.capi.build --out DIR`; docs/RUNTIME.md says what this costs.
  */
 #define PY_SSIZE_T_CLEAN
@@ -403,6 +405,205 @@ trt_seer_status trt_seer_close(trt_seer_model *model) {
     trt_seer_status st = r ? TRT_SEER_OK : from_exception();
     Py_XDECREF(r);
     free_model(model);
+    PyGILState_Release(g);
+    return done(st);
+}
+
+/* ------------------------------------------------------------------ prepared calls */
+
+typedef struct {
+    char *name;
+    trt_seer_dtype dtype;
+    int32_t ndim;
+    int64_t shape[TRT_SEER_MAX_DIMS];
+    char *data; /* the prepared call's own memory, kept alive by `call` */
+    size_t nbytes;
+} place;
+
+struct trt_seer_prepared {
+    PyObject *call, *run; /* the Python PreparedCall and its bound run() */
+    pthread_mutex_t busy;
+    int32_t n_inputs, n_outputs;
+    place *places; /* inputs, then outputs */
+};
+
+static void free_prepared(trt_seer_prepared *p) { /* GIL held */
+    for (int32_t i = 0; p->places && i < p->n_inputs + p->n_outputs; ++i) free(p->places[i].name);
+    free(p->places);
+    Py_XDECREF(p->run);
+    Py_XDECREF(p->call);
+    pthread_mutex_destroy(&p->busy);
+    free(p);
+}
+
+/* GIL held: one place from (address, bytes) and what it holds; 0 with an exception set. */
+static int set_place(place *pl, PyObject *address, Py_ssize_t nbytes, const char *name, int32_t ndim,
+                     const int64_t *shape) {
+    pl->data = (char *)PyLong_AsVoidPtr(address);
+    if (pl->data == NULL) return PyErr_Occurred() ? 0 : (PyErr_SetString(PyExc_ValueError, "a NULL place"), 0);
+    pl->nbytes = (size_t)nbytes;
+    pl->ndim = ndim;
+    memcpy(pl->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    pl->name = strdup(name);
+    return pl->name != NULL || (PyErr_NoMemory(), 0);
+}
+
+/* GIL held: the call and its places from bridge.prepare's (call, [(address, bytes)],
+ * [(name, dtype code, shape, address, bytes)]); sets the output entries' dtype and shape. */
+static int read_places(trt_seer_prepared *p, PyObject *r, const trt_seer_input *in, trt_seer_output *out) {
+    PyObject *call, *ins, *outs;
+    if (!PyArg_ParseTuple(r, "OO!O!", &call, &PyList_Type, &ins, &PyList_Type, &outs)) return 0;
+    if (PyList_GET_SIZE(ins) != p->n_inputs || PyList_GET_SIZE(outs) != p->n_outputs) {
+        PyErr_SetString(PyExc_ValueError, "the bridge returned malformed places");
+        return 0;
+    }
+    p->call = Py_NewRef(call);
+    if ((p->run = PyObject_GetAttrString(call, "run")) == NULL) return 0;
+    for (int32_t i = 0; i < p->n_inputs; ++i) {
+        PyObject *address;
+        Py_ssize_t nbytes;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(ins, i), "On", &address, &nbytes) ||
+            !set_place(&p->places[i], address, nbytes, in[i].name, in[i].ndim, in[i].shape))
+            return 0;
+        p->places[i].dtype = in[i].dtype;
+    }
+    for (int32_t i = 0; i < p->n_outputs; ++i) {
+        place *pl = &p->places[p->n_inputs + i];
+        const char *name;
+        int code;
+        PyObject *shape, *address;
+        Py_ssize_t nbytes;
+        int64_t dims[TRT_SEER_MAX_DIMS];
+        int32_t ndim;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(outs, i), "siOOn", &name, &code, &shape, &address, &nbytes) ||
+            !read_dims(shape, dims, &ndim) || !set_place(pl, address, nbytes, name, ndim, dims))
+            return 0;
+        pl->dtype = (trt_seer_dtype)code;
+        out[i].dtype = pl->dtype;
+        out[i].ndim = pl->ndim;
+        memcpy(out[i].shape, pl->shape, sizeof pl->shape);
+    }
+    return 1;
+}
+
+trt_seer_status trt_seer_prepare(trt_seer_model *model, int32_t n_inputs, const trt_seer_input *inputs,
+                                 int32_t n_outputs, trt_seer_output *outputs, trt_seer_prepared **prepared) {
+    trt_seer_status st;
+    if (prepared == NULL) return fail(TRT_SEER_E_INPUT, "prepared is NULL");
+    *prepared = NULL;
+    if (model == NULL) return fail(TRT_SEER_E_INPUT, "model is NULL");
+    if ((st = check_inputs(n_inputs, inputs, 0)) || (st = check_outputs(n_outputs, outputs, 0))) return st;
+    trt_seer_prepared *p = calloc(1, sizeof *p);
+    if (p == NULL) return fail(TRT_SEER_E_INTERNAL, "out of memory");
+    pthread_mutex_init(&p->busy, NULL);
+    p->n_inputs = n_inputs;
+    p->n_outputs = n_outputs;
+    PyGILState_STATE g = PyGILState_Ensure();
+    p->places = calloc((size_t)(n_inputs + n_outputs) + 1, sizeof *p->places);
+    PyObject *ins = p->places ? input_lists(n_inputs, inputs, 0) : PyErr_NoMemory();
+    PyObject *outs = ins ? output_lists(n_outputs, outputs, 0) : NULL, *r = NULL;
+    if (ins && outs)
+        r = call("prepare", Py_BuildValue("(OOOOO)", model->model, PyTuple_GET_ITEM(ins, 0), PyTuple_GET_ITEM(ins, 1),
+                                          PyTuple_GET_ITEM(ins, 2), PyTuple_GET_ITEM(outs, 0)));
+    if (r != NULL && read_places(p, r, inputs, outputs)) {
+        st = TRT_SEER_OK;
+        *prepared = p;
+    } else {
+        st = from_exception();
+        PyObject *closed = p->call ? PyObject_CallMethod(p->call, "close", NULL) : Py_NewRef(Py_None);
+        if (closed == NULL) /* the first failure is the one reported */
+            fprintf(stderr, "trt_seer: closing a call that failed to prepare also failed\n"), PyErr_Print();
+        Py_XDECREF(closed);
+        free_prepared(p);
+    }
+    Py_XDECREF(r);
+    Py_XDECREF(ins);
+    Py_XDECREF(outs);
+    PyGILState_Release(g);
+    return done(st);
+}
+
+static void format_shape(char *buf, size_t size, int32_t ndim, const int64_t *shape) {
+    size_t used = (size_t)snprintf(buf, size, "[");
+    for (int32_t d = 0; d < ndim && used < size; ++d)
+        used += (size_t)snprintf(buf + used, size - used, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (used < size) snprintf(buf + used, size - used, "]");
+}
+
+static trt_seer_status match_inputs(const trt_seer_prepared *p, int32_t n, const trt_seer_input *in) {
+    if (n != p->n_inputs) return fail(TRT_SEER_E_INPUT, "this call was prepared for %d inputs; got %d", p->n_inputs, n);
+    for (int32_t i = 0; i < n; ++i) {
+        const place *pl = &p->places[i];
+        if (strcmp(in[i].name, pl->name) != 0)
+            return fail(TRT_SEER_E_INPUT, "input entry %d is %s; this call was prepared with %s there", i,
+                        in[i].name, pl->name);
+        if (in[i].dtype != pl->dtype)
+            return fail(TRT_SEER_E_INPUT, "input %s has dtype %s; this call takes %s", pl->name,
+                        trt_seer_dtype_name(in[i].dtype), trt_seer_dtype_name(pl->dtype));
+        if (in[i].ndim != pl->ndim || memcmp(in[i].shape, pl->shape, sizeof(int64_t) * (size_t)pl->ndim) != 0) {
+            char got[256], want[256];
+            format_shape(got, sizeof got, in[i].ndim, in[i].shape);
+            format_shape(want, sizeof want, pl->ndim, pl->shape);
+            return fail(TRT_SEER_E_INPUT, "input %s has shape %s; this call was prepared for %s: prepare another "
+                        "call for these shapes, or use trt_seer_run", pl->name, got, want);
+        }
+    }
+    return TRT_SEER_OK;
+}
+
+static trt_seer_status match_outputs(const trt_seer_prepared *p, int32_t n, const trt_seer_output *out) {
+    if (n != p->n_outputs)
+        return fail(TRT_SEER_E_INPUT, "this call was prepared to return %d outputs; got %d entries", p->n_outputs, n);
+    for (int32_t i = 0; i < n; ++i) {
+        const place *pl = &p->places[p->n_inputs + i];
+        if (out[i].name != NULL && strcmp(out[i].name, pl->name) != 0)
+            return fail(TRT_SEER_E_INPUT, "output entry %d is %s; this call was prepared to return %s there", i,
+                        out[i].name, pl->name);
+        if (out[i].capacity_bytes < pl->nbytes) {
+            char shape[256];
+            format_shape(shape, sizeof shape, pl->ndim, pl->shape);
+            return fail(TRT_SEER_E_BUFFER, "output %s is %s%s = %zu bytes; its buffer holds %zu", pl->name,
+                        trt_seer_dtype_name(pl->dtype), shape, pl->nbytes, out[i].capacity_bytes);
+        }
+    }
+    return TRT_SEER_OK;
+}
+
+trt_seer_status trt_seer_prepared_run(trt_seer_prepared *p, int32_t n_inputs, const trt_seer_input *inputs,
+                                      int32_t n_outputs, trt_seer_output *outputs) {
+    trt_seer_status st;
+    if (p == NULL) return fail(TRT_SEER_E_INPUT, "prepared is NULL");
+    if ((st = check_inputs(n_inputs, inputs, 1)) || (st = check_outputs(n_outputs, outputs, 1)) ||
+        (st = match_inputs(p, n_inputs, inputs)) || (st = match_outputs(p, n_outputs, outputs)))
+        return st;
+    if (pthread_mutex_trylock(&p->busy) != 0)
+        return fail(TRT_SEER_E_INPUT, "this prepared call is running in another thread; prepare one call per thread");
+    for (int32_t i = 0; i < n_inputs; ++i) memcpy(p->places[i].data, inputs[i].data, p->places[i].nbytes);
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *r = PyObject_CallNoArgs(p->run); /* the staged inputs in, the engine, the outputs back */
+    st = r ? TRT_SEER_OK : from_exception();
+    Py_XDECREF(r);
+    PyGILState_Release(g);
+    for (int32_t i = 0; st == TRT_SEER_OK && i < n_outputs; ++i) {
+        const place *pl = &p->places[n_inputs + i];
+        memcpy(outputs[i].data, pl->data, pl->nbytes);
+        outputs[i].dtype = pl->dtype;
+        outputs[i].ndim = pl->ndim;
+        memcpy(outputs[i].shape, pl->shape, sizeof pl->shape);
+    }
+    pthread_mutex_unlock(&p->busy);
+    return done(st);
+}
+
+trt_seer_status trt_seer_prepared_close(trt_seer_prepared *p) {
+    if (p == NULL) return done(TRT_SEER_OK);
+    pthread_mutex_lock(&p->busy); /* a run in flight finishes first */
+    pthread_mutex_unlock(&p->busy);
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *r = PyObject_CallMethod(p->call, "close", NULL);
+    trt_seer_status st = r ? TRT_SEER_OK : from_exception();
+    Py_XDECREF(r);
+    free_prepared(p);
     PyGILState_Release(g);
     return done(st);
 }

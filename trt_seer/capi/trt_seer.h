@@ -6,6 +6,7 @@
  *       fprintf(stderr, "%s\n", trt_seer_last_error());
  *   ... trt_seer_output_shapes(m, n_in, inputs, n_out, outputs);   // sizes for the buffers
  *   ... trt_seer_run(m, n_in, inputs, n_out, outputs);
+ *   ... or, for a loop of fixed shapes: trt_seer_prepare(m, ..., &p); trt_seer_prepared_run(p, ...);
  *   trt_seer_close(m);
  *
  * Build: `python -m trt_seer.capi.build --out DIR` writes libtrt_seer.so and this header to DIR
@@ -111,6 +112,27 @@ trt_seer_status trt_seer_run(trt_seer_model *model, int32_t n_inputs, const trt_
 
 /* Releases the model (NULL is fine). */
 trt_seer_status trt_seer_close(trt_seer_model *model);
+
+/* A prepared call, for a loop that runs the same input shapes many times: the checks are done once
+ * and, on TensorRT, the call has an execution context of its own. */
+typedef struct trt_seer_prepared trt_seer_prepared; /* opaque */
+
+/* Prepares calls of fixed input shapes: `inputs` give every model input's name, dtype and shape
+ * (data is ignored), `outputs` the outputs to return (by name, or the model's output at the same
+ * index where name is NULL). Checks them as trt_seer_run would and sets each output entry's dtype
+ * and shape. Release with trt_seer_prepared_close (before or after trt_seer_close of its model). */
+trt_seer_status trt_seer_prepare(trt_seer_model *model, int32_t n_inputs, const trt_seer_input *inputs,
+                                 int32_t n_outputs, trt_seer_output *outputs, trt_seer_prepared **prepared);
+
+/* Runs a prepared call: `inputs` in the order, with the names, dtypes and shapes it was prepared
+ * with; `outputs` in the prepared order (names may be NULL), each buffer at least as large as its
+ * output (TRT_SEER_E_BUFFER otherwise). One thread at a time per prepared call (another thread's
+ * run fails with TRT_SEER_E_INPUT); prepare one per thread. */
+trt_seer_status trt_seer_prepared_run(trt_seer_prepared *prepared, int32_t n_inputs, const trt_seer_input *inputs,
+                                      int32_t n_outputs, trt_seer_output *outputs);
+
+/* Releases a prepared call (NULL is fine); waits for a run in flight. */
+trt_seer_status trt_seer_prepared_close(trt_seer_prepared *prepared);
 
 /* The calling thread's message of its last failed call; "" after a successful one. */
 const char *trt_seer_last_error(void);

@@ -7,10 +7,12 @@
 
 `prepare()` checks names, dtypes, shapes and the engine's profile once; `run(feeds)` then only
 checks that each feed has the prepared shape and dtype, copies it into `inputs`, and runs. The
-arrays `run()` returns belong to the call and are overwritten by its next run: copy what you keep.
-Writing `call.inputs[name][...]` directly and calling `run()` with no feeds skips that copy too.
+arrays `run()` returns are the call's `outputs`, overwritten by its next run: copy what you keep.
+Writing `call.inputs[name][...]` directly and calling `run()` with no feeds skips that copy too;
+`inputs` and `outputs` stay at the same addresses for the call's life (the C ABI relies on it).
 
-`PreparedCall` works on any backend by calling `infer`. The TensorRT backend's `EnginePreparedCall`
+`PreparedCall` works on any backend by calling `infer` and copying the results into its own output
+arrays, whose shapes it learns at prepare() from one run on zeros. The TensorRT backend's `EnginePreparedCall`
 owns an execution context of its own (stream, pinned staging and output buffers, created at
 prepare() and freed by close(), by the model's close() or when the call is collected), so its run is
 one copy in, the engine, one copy out per returned output and a wait: no pool, no full feed check,
@@ -23,7 +25,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from trt_seer.errors import InputError
+from trt_seer.errors import InputError, UnsupportedError
 from trt_seer.runtime.io import check_shapes
 
 
@@ -34,14 +36,18 @@ class PreparedCall:
         self.model = model
         self.selected = model.selected_outputs(outputs)
         self.shapes = check_shapes(model.inputs, shapes)  # in the model's input order
+        self._names = [s.name for s in self.selected]
         self._busy = threading.Lock()
         self._closed = False
-        self.inputs: dict[str, np.ndarray] = self._places()
+        self.inputs, self.outputs = self._places()
         self._staging = tuple(self.inputs.items())
 
-    def _places(self) -> dict[str, np.ndarray]:
-        """Where feeds are staged, one array per input in the model's input order."""
-        return {s.name: np.zeros(shape, s.dtype) for s, shape in zip(self.model.inputs, self.shapes)}
+    def _places(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Where feeds are staged (one array per input, in the model's input order) and where each
+        returned output is written; here, output shapes come from one run on zeros."""
+        inputs = {s.name: np.zeros(shape, s.dtype) for s, shape in zip(self.model.inputs, self.shapes)}
+        first = self.model.infer(inputs, outputs=self._names)
+        return inputs, {name: np.empty_like(value) for name, value in first.items()}
 
     def run(self, feeds: Mapping | None = None) -> dict[str, np.ndarray]:
         """Copies `feeds` (if given) into `inputs` and runs; {output name: array} of the outputs
@@ -92,7 +98,14 @@ class PreparedCall:
     def _run(self, feeds: Mapping | None) -> dict[str, np.ndarray]:
         if feeds is not None:
             self._stage(feeds)
-        return self.model.infer(self.inputs, outputs=[s.name for s in self.selected])
+        for name, value in self.model.infer(self.inputs, outputs=self._names).items():
+            place = self.outputs[name]
+            if value.shape != place.shape:
+                raise UnsupportedError(f"output {name} came out {list(value.shape)} after {list(place.shape)} for "
+                                       "the same input shapes; prepared calls need outputs whose shapes follow "
+                                       "from the input shapes: use infer()")
+            place[...] = value
+        return dict(self.outputs)
 
     @property
     def closed(self) -> bool:

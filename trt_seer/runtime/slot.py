@@ -301,8 +301,7 @@ class EnginePreparedCall(PreparedCall):
         self._pool, self._running = model._pool, False
         self.slot = model._add_slot(self._set_up)
         self._release = weakref.finalize(self, model._drop_slot, self.slot)
-        self.outputs = dict(self._plan.returns)
-        return dict(zip(model.input_names, self._plan.views))
+        return dict(zip(model.input_names, self._plan.views)), dict(self._plan.returns)
 
     def _set_up(self, slot: Slot) -> None:
         self._plan = slot.plan(self.shapes, self.selected)  # sets the shapes; nothing else uses this slot
