@@ -235,6 +235,21 @@ def test_bad_feeds_after_planned_calls_fail_and_leave_the_slot_usable(model):
     assert model._pool._free == model._slots
 
 
+def waits_for(fn, go, busy) -> None:
+    """Calls `fn` in a thread while thread `busy` is held up until `go` is set: `fn` must still be
+    waiting 0.2 s later, and both must finish once `go` is set."""
+    import threading
+
+    caller = threading.Thread(target=fn)
+    caller.start()
+    caller.join(0.2)
+    assert caller.is_alive(), f"{fn.__qualname__} did not wait"
+    go.set()
+    busy.join(5)
+    caller.join(5)
+    assert not caller.is_alive() and not busy.is_alive()
+
+
 def test_prepared_call_runs_on_its_own_context_with_one_copy_each_way(model):
     """prepare() adds a context outside the pool: runs give the right results with one staging copy in
     and one copy out per returned output, and plain calls keep using the pool meanwhile."""
@@ -322,13 +337,7 @@ def test_prepare_and_close_from_two_threads_never_leave_a_half_made_context(mode
     maker = threading.Thread(target=lambda: prepared.append(model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)})))
     maker.start()
     assert made.wait(5)
-    closer = threading.Thread(target=model.close)
-    closer.start()
-    closer.join(0.2)
-    assert closer.is_alive()  # waits for the prepare inside
-    go.set()
-    maker.join(5)
-    closer.join(5)
+    waits_for(model.close, go, maker)  # close() waits for the prepare inside
     assert prepared[0].slot.context is None and not model._slots
     with pytest.raises(engine_mod.InputError, match="is closed"):
         prepared[0].run(feeds_of(1, 2, seed=0))
@@ -370,13 +379,7 @@ def test_prepared_call_runs_one_thread_at_a_time(model):
     assert inside.wait(5)
     with pytest.raises(engine_mod.InputError, match="running in another thread"):
         call.run(feeds)
-    closer = threading.Thread(target=call.close)
-    closer.start()
-    closer.join(0.2)
-    assert closer.is_alive()  # waits for the run inside
-    go.set()
-    worker.join(5)
-    closer.join(5)
+    waits_for(call.close, go, worker)  # close() waits for the run inside
     np.testing.assert_array_equal(results[0], expected(feeds)["sum"])
     assert call.closed and call.slot not in model._slots
 

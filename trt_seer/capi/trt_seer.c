@@ -398,12 +398,18 @@ trt_seer_status trt_seer_run(trt_seer_model *model, int32_t n_inputs, const trt_
     return shapes_call("run", model, n_inputs, inputs, n_outputs, outputs, 1);
 }
 
+/* GIL held: obj.close(), its failure as a status. */
+static trt_seer_status close_object(PyObject *obj) {
+    PyObject *r = PyObject_CallMethod(obj, "close", NULL);
+    trt_seer_status st = r ? TRT_SEER_OK : from_exception();
+    Py_XDECREF(r);
+    return st;
+}
+
 trt_seer_status trt_seer_close(trt_seer_model *model) {
     if (model == NULL) return done(TRT_SEER_OK);
     PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *r = PyObject_CallMethod(model->model, "close", NULL);
-    trt_seer_status st = r ? TRT_SEER_OK : from_exception();
-    Py_XDECREF(r);
+    trt_seer_status st = close_object(model->model);
     free_model(model);
     PyGILState_Release(g);
     return done(st);
@@ -600,9 +606,7 @@ trt_seer_status trt_seer_prepared_close(trt_seer_prepared *p) {
     pthread_mutex_lock(&p->busy); /* a run in flight finishes first */
     pthread_mutex_unlock(&p->busy);
     PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *r = PyObject_CallMethod(p->call, "close", NULL);
-    trt_seer_status st = r ? TRT_SEER_OK : from_exception();
-    Py_XDECREF(r);
+    trt_seer_status st = close_object(p->call);
     free_prepared(p);
     PyGILState_Release(g);
     return done(st);
