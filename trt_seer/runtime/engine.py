@@ -33,7 +33,8 @@ import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.base import Model
 from trt_seer.runtime.jit_cache import RuntimeCacheFile
 from trt_seer.runtime.io import DeviceTensor, FeedCheck, IOSpec, out_view, token_axes, validate_out
-from trt_seer.runtime.slot import EnginePending, EnginePreparedCall, Plan, Slot, SlotPool
+from trt_seer.runtime.prepared_engine import EnginePreparedCall
+from trt_seer.runtime.slot import EnginePending, Plan, Slot, SlotPool
 
 log = logging.getLogger(__name__)
 
@@ -173,41 +174,6 @@ class TensorRTModel(Model):
         if config is not None:
             self._configs[id(context)] = config
         return context
-
-    def _add_slot(self, setup) -> Slot:
-        """A new slot outside the pool (a prepared call's), in the model's slots so that close() frees
-        it; `setup(slot)` runs before it is added. InputError once the model is closed."""
-        self._pool.enter()  # close() waits until the slot is made and set up, or refuses first
-        try:
-            slot = Slot(self)
-            try:
-                setup(slot)
-            except BaseException:
-                self._close_slot(slot)
-                raise
-            with self._pool.lock:
-                self._slots.append(slot)
-            return slot
-        finally:
-            self._pool.leave()
-
-    def _drop_slot(self, slot: Slot) -> None:
-        """Frees a slot made by `_add_slot` unless the model is closed (its close() frees it)."""
-        if not self._pool.try_enter():
-            return
-        try:
-            with self._pool.lock:
-                self._slots.remove(slot)
-            self._close_slot(slot)
-        finally:
-            self._pool.leave()
-
-    def _close_slot(self, slot: Slot) -> None:
-        try:
-            slot.stream.synchronize()
-        finally:
-            self._configs.pop(id(slot.context), None)
-            slot.close()
 
     # --- running -----------------------------------------------------------------------------
 

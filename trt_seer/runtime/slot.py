@@ -5,7 +5,6 @@ graphs and the shape / address state TensorRT was last enqueued with. `SlotPool`
 behind a `CallGate`, so `close()` waits for calls in flight and callers waiting for a slot give up.
 `EnginePending`: an enqueued call; `result()` waits and returns what the call asked for.
 `Plan`: what a repeated synchronous call needs, worked out once per input shapes and outputs.
-`EnginePreparedCall`: a prepared call (prepared.py) on a slot of its own, outside the pool.
 """
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ import numpy as np
 from trt_seer.errors import CudaError, InputError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.base import CallGate, Model, Pending
-from trt_seer.runtime.prepared import PreparedCall
 
 CACHE_LIMIT = 256  # output shapes kept per slot (one entry per input shape seen)
 ALIGN = 256  # bytes; each input's place in the staging buffer starts on such a boundary
@@ -288,59 +286,3 @@ class EnginePending(Pending):
         self._model.note_gpu_time(slot)
         return {name: value.copy() if copy else value for name, value, copy in self._results}
 
-
-class EnginePreparedCall(PreparedCall):
-    """A prepared call with an execution context of its own, in the model's slots but not in its
-    pool. `run()` takes the pool's lock once on entry and once on exit (it counts as a call inside
-    the model, so the model's close() waits for it), copies the staged inputs in, runs the engine,
-    copies the outputs back and waits, all from addresses worked out at prepare(). A call dropped
-    without close() frees its context when it is collected."""
-
-    def _places(self) -> dict:
-        model = self.model
-        self._pool, self._running = model._pool, False
-        self.slot = model._add_slot(self._set_up)
-        self._release = weakref.finalize(self, model._drop_slot, self.slot)
-        return dict(zip(model.input_names, self._plan.views)), dict(self._plan.returns)
-
-    def _set_up(self, slot: Slot) -> None:
-        self._plan = slot.plan(self.shapes, self.selected)  # sets the shapes; nothing else uses this slot
-
-    def run(self, feeds=None) -> dict:
-        pool = self._pool
-        with pool.lock:
-            if self._running or self._closed or pool.closed:
-                raise InputError(self._refusal())
-            self._running = True
-            pool.inside += 1
-        try:
-            try:
-                if feeds is not None:
-                    self._stage(feeds)
-                self.slot.launch(self._plan, self.model)
-            except BaseException:
-                self.slot.stream.synchronize()
-                raise
-        finally:
-            with pool.lock:
-                self._running = False
-                pool.inside -= 1
-                pool.notify()
-        return dict(self._plan.returns)
-
-    def _refusal(self) -> str:
-        if self._closed:
-            return "this prepared call is closed"
-        if self._pool.closed:
-            return f"{self._pool.name} is closed"
-        return "this prepared call is running in another thread; prepare one call per thread"
-
-    def close(self) -> None:
-        """Waits for a run in flight, then frees this call's context and device buffers (unless the
-        model's close() does). Idempotent. Arrays it handed out stay readable."""
-        with self._pool.lock:
-            self._pool.wait_for(lambda: not self._running)
-            if self._closed:
-                return
-            self._closed = True
-        self._release()
