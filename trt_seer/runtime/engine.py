@@ -347,12 +347,9 @@ class TensorRTModel(Model):
 
     def _enqueue_engine(self, slot: Slot, stream) -> None:
         if not slot.context.execute_async_v3(int(stream)):
-            raise self._engine_error()
+            why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
+            raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
         slot.dirty = False
-
-    def _engine_error(self) -> TrtSeerError:
-        why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
-        return TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
 
     def _capture(self, slot: Slot, key) -> None:
         """Captures the engine's launch for this shape on the context's own stream."""

@@ -157,8 +157,7 @@ class Slot:
             cuda.check(err, "cudaMemcpyAsync(HostToDevice)")
         timed = model.options.time_gpu
         if model.graph_mode == "runtime" and not timed:
-            if not self.context.execute_async_v3(self.stream.ptr):
-                raise model._engine_error()
+            model._enqueue_engine(self, self.stream.ptr)
         else:
             model._run_engine(self, plan.key, self.stream.handle)
         for args in plan.copies_out:
@@ -285,4 +284,3 @@ class EnginePending(Pending):
         slot.done.synchronize()
         self._model.note_gpu_time(slot)
         return {name: value.copy() if copy else value for name, value, copy in self._results}
-
