@@ -109,11 +109,21 @@ def test_seed_cache_for_other_tensors_is_refused(tiny, tmp_path):
     ckpt, calib, _ = tiny
     cache = tmp_path / "other.cache"
     calibrate.write_cache(cache, {"some_other_tensor": 0.1}, "100100")
-    r = build("--model", str(ckpt), "--int8", "--calib", str(calib), *TINY_PROFILE, "--from-cache", str(cache),
-              "--out", str(tmp_path / "out"), expect=2)
+    r = build("--model", str(ckpt), "--int8", "--int8-mode", "w8a8", "--calib", str(calib), *TINY_PROFILE,
+              "--from-cache", str(cache), "--out", str(tmp_path / "out"), expect=2)
     last = r.stderr.strip().splitlines()[-1]  # progress lines of the finished stages come first
     assert last.startswith("trt-seer: error:") and "is for other tensors" in last and "Traceback" not in r.stderr
     assert not (tmp_path / "out" / "ckpt.int8.onnx").exists()
+
+
+def test_seed_cache_is_refused_for_weight_only_int8(tiny, tmp_path):
+    ckpt, calib, _ = tiny
+    cache = tmp_path / "seed.cache"
+    calibrate.write_cache(cache, {"x": 0.1}, "100100")
+    r = build("--model", str(ckpt), "--int8", "--calib", str(calib), *TINY_PROFILE, "--from-cache", str(cache),
+              "--out", str(tmp_path / "out"), expect=2)
+    assert r.stderr.strip().splitlines()[-1].startswith("trt-seer: error: --from-cache seeds activation ranges")
+    assert not (tmp_path / "out").exists()  # refused before any work
 
 
 def test_auto_mode_is_weight_only_everywhere():
@@ -186,7 +196,9 @@ def test_default_model_int8_passes_the_gate(tmp_path):
     acc = rec["accuracy"]["onnx_vs_fp32"]
     assert rec["accuracy"]["gate"]["passed"] and acc["mean_cosine"] >= 0.99 and acc["min_cosine"] >= 0.97
     assert acc["samples"] >= 100
-    assert (tmp_path / "engines" / "calib" / name / "calibration.cache").is_file()  # default: under --out
+    # weight-only INT8 (the default) keeps no activation range: nothing is calibrated, no cache written
+    assert rec["calibration"]["cache"] is None and rec["calibration"]["method"].startswith("none")
+    assert not (tmp_path / "engines" / "calib").exists()
     assert not (tmp_path / "calib").exists()
     m = manifest.read_engine_manifest(tmp_path / "engines" / f"{name}.int8.manifest.json")
     assert m["accuracy_of_source_graph"]["onnx_vs_fp32"] == acc and m["precision"] == "int8"

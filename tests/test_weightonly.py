@@ -49,7 +49,7 @@ def built(tmp_path_factory):
     ckpt = make_tiny_checkpoint("llama", "causal-lm", d / "llama", **WIDE)
     calib = npz_batches(d / "calib")
     r = build("--model", str(ckpt), "--int8", "--int4", "--calib", str(calib), *PROFILE,
-              "--min-agreement", "0.85", "--out", str(d / "out"))
+              "--min-agreement", "0.85", "--keep-intermediates", "--out", str(d / "out"))
     return d / "out", ckpt, calib, r
 
 
@@ -297,4 +297,4 @@ def test_build_says_what_weight_only_engines_buy(built):
             for p in ("fp16", "int8", "int4")}
     line = next(x for x in r.stderr.splitlines() if "engine size vs FP16" in x)
     assert f"INT8 {size['int8'] / size['fp16']:.2f}x" in line and f"INT4 {size['int4'] / size['fp16']:.2f}x" in line
-    assert "decoded no faster than the FP16 engine" in r.stderr  # TensorRT-RTX is the flavor tests install
+    assert "whether they also decode faster depends on the GPU" in r.stderr  # no one machine's figure

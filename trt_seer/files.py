@@ -24,6 +24,21 @@ def sha256_json(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
+def check_out_dir(path: Path) -> None:
+    """InputError unless `path` is, or can be created as, a writable directory; creates nothing."""
+    path = Path(path).absolute()
+    if path.exists():
+        if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+            raise InputError(f"output directory is not writable: {path}")
+        return
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"cannot create output directory {path}: "
+                         f"{parent} is {'not writable' if parent.is_dir() else 'not a directory'}")
+
+
 def ensure_out_dir(path: Path) -> Path:
     """Creates `path` if needed and checks it is writable; InputError otherwise."""
     path = Path(path)

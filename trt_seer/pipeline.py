@@ -3,91 +3,27 @@ skipped when its output's record says it was made from the same inputs (a cache 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from pathlib import Path
+
 from pathlib import Path
 
 from trt_seer import __version__
 from trt_seer.engine import manifest
-from trt_seer.errors import InputError
 from trt_seer.export import onnxio
 from trt_seer.export.families import ModelInfo
-from trt_seer.files import sha256_file, sha256_json
+from trt_seer.files import sha256_json
+from trt_seer.records import (Artifacts, checkpoint_fingerprint, inherit, source_identity,  # noqa: F401
+                              up_to_date, write_record)
 
 log = logging.getLogger(__name__)
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-
-
-@dataclass(frozen=True)
-class Artifacts:
-    """Where a model's artifacts live: `<out>/<name>.<suffix>`."""
-
-    out: Path
-    name: str
-
-    def path(self, suffix: str) -> Path:
-        return Path(self.out) / f"{self.name}.{suffix}"
-
-
-def checkpoint_fingerprint(info: ModelInfo) -> dict:
-    weights = sorted(p for p in Path(info.path).iterdir() if p.suffix in WEIGHT_SUFFIXES)
-    check_weights(Path(info.path), weights)
-    return {"checkpoint": str(Path(info.path).resolve()),
-            "config_sha256": sha256_file(Path(info.path) / "config.json"),
-            "weights_sha256": sha256_json([sha256_file(p) for p in weights])}
-
-
-def check_weights(ckpt: Path, weights: list[Path]) -> None:
-    """InputError before any slow import when the checkpoint has no weights or a safetensors file
-    whose header is torn (loading would fail minutes later, deep inside transformers)."""
-    from safetensors import SafetensorError, safe_open
-
-    if not weights:
-        raise InputError(f"no model weights in {ckpt} (expected {', '.join('*' + s for s in WEIGHT_SUFFIXES)})")
-    for path in (p for p in weights if p.suffix == ".safetensors"):
-        try:
-            with safe_open(str(path), framework="numpy"):
-                pass
-        except (OSError, SafetensorError) as e:
-            raise InputError(f"{path} is not a readable safetensors file (truncated or corrupt?): {e}") from e
-
-
-def file_sha(path: Path, known: dict) -> str:
-    """sha256 of `path`, trusting `known["sha256"]` when size and mtime match `known["stat"]`."""
-    if known.get("stat") == stat_of(path) and known.get("sha256"):
-        return known["sha256"]
-    return onnxio.sha256(path)
-
-
-def stat_of(path: Path) -> list[int]:
-    st = Path(path).stat()
-    return [st.st_size, st.st_mtime_ns]
-
-
-def up_to_date(artifact: Path, record_file: Path, key: str) -> dict | None:
-    """The artifact's record if it exists, matches `key` and the file is unchanged; else None."""
-    record = manifest.read_if_exists(record_file)
-    recorded_key = record and (record.get("key") or record.get("build", {}).get("key"))
-    if recorded_key != key or not Path(artifact).is_file():
-        return None
-    known = record.get("engine", record)  # engine manifests keep hash and stat under "engine"
-    if file_sha(artifact, known) != known.get("sha256"):
-        return None
-    return record
-
-
-def write_record(artifact: Path, record: dict) -> dict:
-    record = {**record, "sha256": onnxio.sha256(artifact), "stat": stat_of(artifact)}
-    manifest.write(manifest.record_path(artifact), record)
-    return manifest.read(manifest.record_path(artifact))
-
-
 def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
     """Stage 1: the verified FP32 ONNX and its record."""
     from trt_seer.export.checkpoint import OPSET
 
     dest = art.path("fp32.onnx")
-    source = checkpoint_fingerprint(info)
-    key = sha256_json({"source": source, "task": info.task, "opset": OPSET, "trt_seer": __version__,
+    known = manifest.read_if_exists(manifest.record_path(dest)) or {}
+    source = checkpoint_fingerprint(info.path, known.get("source"))
+    key = sha256_json({"source": source_identity(source), "task": info.task, "opset": OPSET, "trt_seer": __version__,
                        "kv_cache": is_decoder(info)})
     record = None if force else up_to_date(dest, manifest.record_path(dest), key)
     if record:
@@ -194,27 +130,34 @@ def _fp16_accuracy(info: ModelInfo, src: Path, dest: Path) -> dict:
     return compare_onnx(info, src, dest, eval_batches(info))
 
 
-def inherit(record: dict) -> dict:
-    """What a derived ONNX record takes over from the record it was made from."""
-    keep = ("kind", "name", "task", "model_type", "source", "io", "decoder")
-    return {k: record[k] for k in keep if k in record}
-
-
 def _fmt_metrics(m: dict) -> str:
     return ", ".join(f"{k} {v:.5g}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items())
 
 
 def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tuple[dict, bool]:
-    """Stage 3: the TensorRT engine + manifest. Returns (manifest, rebuilt)."""
+    """Stage 3: the TensorRT engine + manifest. Returns (manifest, rebuilt). An engine that is up
+    to date keeps its file; its manifest takes the record's current sections (a gate may have built
+    the engine before the record was written)."""
     from trt_seer.engine import trt as trt_adapter
     from trt_seer.engine.build import cache_key, engine_from_onnx
 
     onnx_path = art.path(f"{onnx_record['precision']}.onnx")
     engine_path = art.path(f"{spec.precision}.engine")
     key = cache_key(onnx_record["sha256"], spec, trt_adapter.load())
+    extra = engine_extra(onnx_record, onnx_path, spec)
     current = None if force else up_to_date(engine_path, manifest.engine_manifest_path(engine_path), key)
     if current:
+        if any(current.get(k) != v for k, v in extra.items()):
+            manifest.write(manifest.engine_manifest_path(engine_path), {**current, **extra})
+            current = manifest.read(manifest.engine_manifest_path(engine_path))
         return current, False
+    log.info("building the %s engine with %s ...", spec.precision, trt_adapter.load().name)
+    built = engine_from_onnx(onnx_path, engine_path, spec, art.path("timing.cache"), extra)
+    return built, True
+
+
+def engine_extra(onnx_record: dict, onnx_path: Path, spec) -> dict:
+    """The manifest sections an engine takes from the record of the graph it is built from."""
     extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source", "decoder") if k in onnx_record}
     if "decoder" in extra:  # the engine's limits are its profiles' (engine/profiles.py)
         from trt_seer.engine.profiles import check_total
@@ -227,6 +170,39 @@ def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tupl
     extra["accuracy_of_source_graph"] = onnx_record.get("accuracy", {})
     if "quantization" in onnx_record:  # how many GEMMs are really INT8 travels with the engine
         extra["quantization"] = onnx_record["quantization"]
-    log.info("building the %s engine with %s ...", spec.precision, trt_adapter.load().name)
-    built = engine_from_onnx(onnx_path, engine_path, spec, art.path("timing.cache"), extra)
-    return built, True
+    return extra
+
+
+def fp16_decoder_key(info: ModelInfo, source: dict) -> str:
+    from trt_seer.export.checkpoint import OPSET
+
+    return sha256_json({"source": source_identity(source), "task": info.task, "opset": OPSET, "trt_seer": __version__,
+                        "kv_cache": True, "export": "float16"})
+
+
+def fp16_decoder_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
+    """Stage 1 of a decoder: the FP16 graph exported straight from the checkpoint (no FP32 copy of
+    the weights), verified against PyTorch FP16, with the map from its weights to the checkpoint's
+    tensors (`weights_from_checkpoint`) that lets later stages drop its weights and read them back."""
+    from trt_seer.export.decoder import decoder_section, fp16_onnx_from_decoder
+
+    dest = art.path("fp16.onnx")
+    known = manifest.read_if_exists(manifest.record_path(dest)) or {}
+    source = checkpoint_fingerprint(info.path, known.get("source"))
+    key = fp16_decoder_key(info, source)
+    record = None if force else up_to_date(dest, manifest.record_path(dest), key)
+    if record:
+        log.info("fp16 ONNX up to date: %s", dest)
+        return record
+    log.info("exporting %s (%s, causal-lm) to FP16 ONNX with a KV cache ...", info.name, info.model_type)
+    report, wmap = fp16_onnx_from_decoder(info, dest)
+    log.info("export verified against PyTorch FP16: %s", _fmt_verification(report))
+    return write_record(dest, {"kind": "onnx", "precision": "fp16", "key": key, "name": info.name, "task": info.task,
+                               "model_type": info.model_type, "source": source, "export": "float16 from the checkpoint",
+                               "io": onnxio.describe_io(onnxio.load(dest, False)), "verification": report,
+                               "decoder": decoder_section(info, dest, kv_dtype="float16"),
+                               "accuracy": {"onnx_vs_pytorch_fp16": {
+                                   **{f"{k}_max_abs_diff": v["max_abs_diff"] for k, v in report["outputs"].items()},
+                                   "cases": report["cases"], "measured_on": {"artifact": dest.name, "backend": "onnxruntime CPU"},
+                                   "reference_measured_on": {"artifact": Path(info.path).name, "backend": "PyTorch float16 CPU"}}},
+                               "weights_from_checkpoint": wmap})

@@ -130,18 +130,27 @@ def parse_compute_capability(text: str) -> str:
     return f"SM{digits}"
 
 
+def check_targets(flavor: Flavor, compute_caps: tuple[str, ...]) -> list[str]:
+    """The enum names of `compute_caps`; UnsupportedError (exit 2) for one this flavor cannot
+    target, so a build refuses it before any work rather than at the engine stage."""
+    if not compute_caps:
+        return []
+    if not hasattr(flavor.trt, "ComputeCapability"):
+        raise UnsupportedError(f"{flavor.name} {flavor.version} cannot target compute capabilities; "
+                               "use --hardware-compat with full TensorRT")
+    names = [parse_compute_capability(c) for c in compute_caps]
+    unknown = [n for n in names if not hasattr(flavor.trt.ComputeCapability, n)]
+    if unknown:
+        known = [m for m in dir(flavor.trt.ComputeCapability) if m.startswith("SM")]
+        raise UnsupportedError(f"{flavor.name} cannot target {', '.join(unknown)}; known: {', '.join(known)}")
+    return names
+
+
 def set_targets(flavor: Flavor, config, hardware_compat: str | None, compute_caps: tuple[str, ...]):
     """Applies target GPUs. Returns the manifest's `targets` section."""
     trt = flavor.trt
+    names = check_targets(flavor, compute_caps)
     if compute_caps:
-        if not hasattr(trt, "ComputeCapability"):
-            raise UnsupportedError(f"{flavor.name} {flavor.version} cannot target compute capabilities; "
-                                   "use --hardware-compat with full TensorRT")
-        names = [parse_compute_capability(c) for c in compute_caps]
-        unknown = [n for n in names if not hasattr(trt.ComputeCapability, n)]
-        if unknown:
-            known = [m for m in dir(trt.ComputeCapability) if m.startswith("SM")]
-            raise UnsupportedError(f"{flavor.name} cannot target {', '.join(unknown)}; known: {', '.join(known)}")
         config.num_compute_capabilities = len(names)
         for i, n in enumerate(names):
             config.set_compute_capability(getattr(trt.ComputeCapability, n), i)

@@ -51,14 +51,14 @@ def decoder_shape(config: dict) -> DecoderShape:
                         int(config.get("head_dim") or hidden // heads), int(config["vocab_size"]))
 
 
-def load_decoder(info: ModelInfo):
-    """The checkpoint as an eval-mode FP32 causal LM with eager attention (plain MatMul/Softmax
-    in the graph; fully padded rows stay finite)."""
+def load_decoder(info: ModelInfo, dtype: str = "float32"):
+    """The checkpoint as an eval-mode causal LM of `dtype` with eager attention (plain
+    MatMul/Softmax in the graph; fully padded rows stay finite)."""
     import torch
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(info.path), dtype=torch.float32, attn_implementation="eager")
+        str(info.path), dtype=getattr(torch, dtype), attn_implementation="eager", low_cpu_mem_usage=True)
     return model.eval()
 
 
@@ -124,10 +124,10 @@ def _dynamic_shapes(shape: DecoderShape):
     return (({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq}, *kv),)  # forward(*args)
 
 
-def _export(step, shape: DecoderShape, dest: Path) -> None:
+def _export(step, shape: DecoderShape, dest: Path, kv_dtype=np.float32, external: bool = False) -> None:
     import torch
 
-    feeds = sample_feeds(shape, *TRACE_CASE, seed=1)
+    feeds = sample_feeds(shape, *TRACE_CASE, seed=1, kv_dtype=kv_dtype)
     args = tuple(torch.from_numpy(v) for v in feeds.values())
     inputs, outputs = decoder_io(shape.num_layers)
     with warnings.catch_warnings():
@@ -138,7 +138,7 @@ def _export(step, shape: DecoderShape, dest: Path) -> None:
                                     verbose=False)
     large = sum(p.numel() * p.element_size() for p in step.parameters()) > onnxio.EXTERNAL_DATA_THRESHOLD
     with onnxio.staged(dest) as tmp:
-        program.save(str(tmp), external_data=large)
+        program.save(str(tmp), external_data=large or external)
 
 
 def defined(name: str, value: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -155,18 +155,25 @@ def _run_torch(step, feeds: dict) -> list[np.ndarray]:
         return [t.float().numpy() for t in step(*(torch.from_numpy(v) for v in feeds.values()))]
 
 
-def verify_decoder(step, shape: DecoderShape, onnx_path: Path, name: str, tol) -> dict:
+def verify_decoder(step, shape: DecoderShape, onnx_path: Path, name: str, tol, kv_dtype=np.float32) -> dict:
     """ONNX Runtime vs PyTorch at VERIFY_CASES; ExportMismatchError above `tol` (a checkpoint.Tolerance).
 
     Returns {"cases": [[batch, seq, past], ...], "outputs": {"logits"|"present": {max_abs_diff, allowed}}}."""
+    cases = [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=kv_dtype) for i, (b, s, p) in enumerate(VERIFY_CASES)]
+    return compare_cases(cases, [_run_torch(step, f) for f in cases], shape, onnx_path, name, tol)
+
+
+def compare_cases(cases: list[dict], refs: list[list], shape: DecoderShape, onnx_path: Path, name: str, tol) -> dict:
+    """ONNX Runtime's outputs on each feed of `cases` against `refs` (PyTorch's, computed before)."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
     _, outputs = decoder_io(shape.num_layers)
     report = {"cases": [list(c) for c in VERIFY_CASES], "outputs": {}}
-    for i, (batch, seq, past) in enumerate(VERIFY_CASES):
-        feeds = sample_feeds(shape, batch, seq, past, seed=10 + i)
-        got, ref = session.run(list(outputs), feeds), _run_torch(step, feeds)
+    for (batch, seq, past), feeds, ref in zip(VERIFY_CASES, cases, refs):
+        got = session.run(list(outputs), feeds)
         for out, g, r in zip(outputs, got, ref):
             where = f"{out} at batch={batch} seq={seq} past={past}"
             if g.shape != r.shape:
@@ -199,6 +206,38 @@ def onnx_from_decoder(info: ModelInfo, dest: Path, tol=None) -> dict:
         dest.unlink(missing_ok=True)
         onnxio.data_path(dest).unlink(missing_ok=True)
         raise
+
+
+FP16_TOL = Tolerance(atol=1e-3, rtol=1e-2)  # FP16 kernels of ONNX Runtime vs PyTorch's, both on the CPU
+
+
+def fp16_onnx_from_decoder(info: ModelInfo, dest: Path, tol=None) -> tuple[dict, dict]:
+    """Exports `info`'s causal LM in FP16 straight from the checkpoint (no FP32 copy of the
+    weights on disk or in memory) and verifies it against PyTorch FP16 on the same feeds.
+    Returns (report, weight map: export/weights.py). The PyTorch model is freed before ONNX
+    Runtime loads the graph, so the two never hold the weights at once."""
+    import gc
+
+    from trt_seer.export import weights
+
+    tol = tol or FP16_TOL
+    shape = decoder_shape(info.config)
+    model = load_decoder(info, "float16")
+    params = weights.param_fingerprints(dict(model.named_parameters()))
+    step = wrap_decoder(model, shape)
+    _export(step, shape, dest, np.float16, external=True)  # weights apart: streamed later
+    cases = [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=np.float16) for i, (b, s, p) in enumerate(VERIFY_CASES)]
+    refs = [_run_torch(step, f) for f in cases]
+    del step, model
+    gc.collect()
+    try:
+        report = compare_cases(cases, refs, shape, dest, info.name, tol)
+    except ExportMismatchError:
+        dest.unlink(missing_ok=True)
+        onnxio.data_path(dest).unlink(missing_ok=True)
+        raise
+    wmap = weights.weight_map(params, dest) if onnxio.data_path(dest).exists() else {}
+    return {**report, "reference": "PyTorch float16, CPU"}, wmap
 
 
 def _generation_ids(info: ModelInfo) -> tuple[int | list[int] | None, int | None]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from trt_seer import __version__, pipeline
+from trt_seer import __version__, records
 from trt_seer.engine import manifest
 from trt_seer.export import onnxio
 from trt_seer.export.families import ModelInfo
@@ -48,7 +48,7 @@ def nbits_model(fp32_path, bits: int, keep: frozenset = frozenset()):
     return quantizer.model.model, head
 
 
-def nbits_cpu_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, bits: int, gate, rows,
+def nbits_cpu_onnx(info: ModelInfo, art: records.Artifacts, fp32: dict, bits: int, gate, rows,
                    keep: frozenset = frozenset()) -> dict | None:
     """Writes (or reuses) `<name>.int{bits}.cpu.onnx`, `keep` left in FP32, when it passes `gate`
     on the teacher-forced `rows`; returns its record, or None (logged) when it does not."""
@@ -58,7 +58,7 @@ def nbits_cpu_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, bits: i
     key = sha256_json({"fp32": fp32["sha256"], "bits": bits, "block": BLOCK, "accuracy_level": ACCURACY_LEVEL,
                        "gate": gate.__dict__, "keep": sorted(keep),
                        "rows": rows.tolist(), "trt_seer": __version__})
-    record = pipeline.up_to_date(dest, manifest.record_path(dest), key)
+    record = records.up_to_date(dest, manifest.record_path(dest), key)
     if record:
         return record
     log.info("writing the INT%d CPU form (MatMulNBits) ...", bits)
@@ -75,8 +75,8 @@ def nbits_cpu_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, bits: i
     log.info("INT%d CPU form vs FP32: perplexity %+.2f%%, next-token agreement %.4f", bits,
              100 * metrics["ppl_increase"], metrics["agreement"])
     gemms = sum(n.op_type == "MatMulNBits" for n in model.graph.node)
-    return pipeline.write_record(dest, {
-        **pipeline.inherit(fp32), "precision": f"int{bits}", "form": "onnxruntime CPU (MatMulNBits)", "key": key,
+    return records.write_record(dest, {
+        **records.inherit(fp32), "precision": f"int{bits}", "form": "onnxruntime CPU (MatMulNBits)", "key": key,
         "fp32_sha256": fp32["sha256"],
         "quantization": {"mode": "weight-only", "bits": bits, "block_size": BLOCK, "matmulnbits": gemms,
                          "accuracy_level": ACCURACY_LEVEL,

@@ -1,6 +1,11 @@
 """The weight-only stage of `build --int8` / `build --int4` for causal LMs.
 
-    FP16 ONNX --(weightonly.py, AWQ scales for INT4 from calibration activations)--> Q/DQ ONNX
+    FP16 model --(weightonly.py, AWQ scales for INT4 from calibration activations)--> Q/DQ ONNX
+
+The caller hands the stage a `DecoderSource`: the FP16 graph's record, a way to load the FP16
+model (from its graph, or its weightless skeleton filled tensor by tensor from the checkpoint
+once the graph's weights were removed), the FP16 reference logits of the gate's rows and, when
+a GPU runs engines, an evaluator that scores a candidate graph through its engine.
     gate: held-out perplexity increase and greedy next-token agreement against the FP16 graph,
     teacher-forced step by step through the KV cache (eval/teacher.py); on failure the GEMMs that
     add the most error go back to FP16 (int8.py's fallback loop) until it passes, or exit 1.
@@ -11,12 +16,13 @@ GEMMs kept FP16 and why) and `accuracy` (gate metrics, thresholds, table, `measu
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from trt_seer import __version__, pipeline
+from trt_seer import __version__, records
 from trt_seer.engine import manifest
 from trt_seer.errors import AccuracyGateError
 from trt_seer.export import onnxio
@@ -57,7 +63,7 @@ def weight_only_spec(quant: QuantStageSpec, bits: int) -> WeightOnlySpec:
     return WeightOnlySpec(bits, quant.int4_block, quant.quantize_lm_head)
 
 
-def _uses_awq(quant: QuantStageSpec, bits: int, qat) -> bool:
+def uses_awq(quant: QuantStageSpec, bits: int, qat) -> bool:
     """AWQ for INT4, unless --no-awq or the weights were trained for plain round-to-nearest."""
     return bits == 4 and not quant.no_awq and qat is None
 
@@ -72,34 +78,79 @@ def int4_qat(info: ModelInfo, quant: QuantStageSpec, bits: int):
 
 def _key(fp16: dict, quant: QuantStageSpec, spec: WeightOnlySpec, gate: DecoderGate, qat) -> str:
     return sha256_json({"fp16": fp16["sha256"], "data": int8.data_fingerprint(quant), "bits": spec.bits,
-                        "block": spec.block_size, "head": spec.lm_head, "awq": _uses_awq(quant, spec.bits, qat),
+                        "block": spec.block_size, "head": spec.lm_head, "awq": uses_awq(quant, spec.bits, qat),
                         "qat": qat.fingerprint() if qat else None,
                         "samples": quant.calib_samples, "batch": quant.calib_batch,
                         "profile": [list(quant.batch), list(quant.seq)], "gate": [gate.max_ppl_increase, gate.min_agreement],
                         "rows": [GATE_ROWS, GATE_LENGTH], "trt_seer": __version__})
 
 
-def weight_only_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, quant: QuantStageSpec, bits: int) -> dict:
+@dataclass
+class DecoderSource:
+    """What the weight-only stage takes from its caller (it never calls the pipeline back).
+
+    fp16: the FP16 graph's record. load: a fresh FP16 onnx.ModelProto on each call. graph: the
+    FP16 graph file while its weights are still on disk (AWQ statistics, per-layer ranking), else
+    None. reference: teacher-forced FP16 logits of `rows` (what candidates are gated against).
+    evaluate: a candidate graph's teacher-forced logits of `rows`, default ONNX Runtime on the CPU;
+    measured_on says what evaluate and reference ran on."""
+
+    fp16: dict
+    load: Callable
+    graph: Path | None
+    rows: np.ndarray
+    reference: np.ndarray
+    evaluate: Callable | None = None
+    measured_on: str = ""
+    awq_stats: dict | None = field(default=None, repr=False)
+
+    def logits(self, candidate: Path) -> np.ndarray:
+        from trt_seer.eval import teacher
+
+        return self.evaluate(candidate, self.rows) if self.evaluate else teacher.teacher_forced_logits(candidate, self.rows)
+
+
+def stage_key(fp16: dict, quant: QuantStageSpec, info: ModelInfo, bits: int) -> str:
+    """The cache key of `<name>.int{bits}.onnx` (computed without loading any model)."""
+    spec = weight_only_spec(quant, bits)
+    gate = DecoderGate.for_bits(bits, quant.max_ppl_increase, quant.min_agreement)
+    return _key(fp16, quant, spec, gate, int4_qat(info, quant, bits))
+
+
+def gate_rows(info: ModelInfo, quant: QuantStageSpec) -> tuple[int8.CalibData, np.ndarray]:
+    """The calibration data and the held-out token rows the gate teacher-forces."""
+    cd = int8.load_calib_data(info, quant, ShapeProfile(tuple(quant.batch), tuple(quant.seq)))
+    return cd, _teacher_rows(info, cd)
+
+
+def weight_only_onnx(info: ModelInfo, art: records.Artifacts, source: DecoderSource, quant: QuantStageSpec,
+                     bits: int, cd: int8.CalibData) -> dict:
     """Builds (or reuses) the gated weight-only ONNX `<name>.int{bits}.onnx`; returns its record."""
-    fp16 = pipeline.fp16_onnx(info, art, fp32, quant.force)
+    fp16 = source.fp16
     spec = weight_only_spec(quant, bits)
     gate = DecoderGate.for_bits(bits, quant.max_ppl_increase, quant.min_agreement)
     qat = int4_qat(info, quant, bits)
     dest, key = art.path(f"int{bits}.onnx"), _key(fp16, quant, spec, gate, qat)
-    record = None if quant.force else pipeline.up_to_date(dest, manifest.record_path(dest), key)
-    cd = int8.load_calib_data(info, quant, ShapeProfile(tuple(quant.batch), tuple(quant.seq)))
+    record = None if quant.force else records.up_to_date(dest, manifest.record_path(dest), key)
     if record:
         log.info("int%d ONNX up to date: %s", bits, dest)
-    else:
-        extra = quantize_and_gate(info, art, quant, spec, gate, cd, qat)
-        inherited = {**pipeline.inherit(fp16), **({"decoder": fp16["decoder"]} if "decoder" in fp16 else {})}
-        record = pipeline.write_record(dest, {**inherited, "precision": f"int{bits}", "key": key,
-                                              "fp32_sha256": fp32["sha256"], "fp16_sha256": fp16["sha256"], **extra})
+        return record
+    extra = quantize_and_gate(info, art, quant, spec, gate, cd, source, qat)
+    inherited = {**records.inherit(fp16), **({"decoder": fp16["decoder"]} if "decoder" in fp16 else {})}
+    return records.write_record(dest, {**inherited, "precision": f"int{bits}", "key": key,
+                                       **({"fp32_sha256": fp16["fp32_sha256"]} if "fp32_sha256" in fp16 else {}),
+                                       "fp16_sha256": fp16["sha256"], **extra})
+
+
+def cpu_form(info: ModelInfo, art: records.Artifacts, fp32: dict, record: dict, cd: int8.CalibData) -> None:
+    """`<name>.int{bits}.cpu.onnx` (ONNX Runtime's MatMulNBits form) from the FP32 graph, keeping
+    in FP32 what the gate kept in FP16."""
     from trt_seer.quantize.cpu_nbits import nbits_cpu_onnx
 
-    keep = frozenset(record["quantization"]["fp16_gemms"])  # what the gate kept out of INT8/INT4 stays out
+    bits = record["quantization"]["bits"]
+    gate = DecoderGate(**record["accuracy"]["gate"]["thresholds"])
+    keep = frozenset(record["quantization"]["fp16_gemms"])
     nbits_cpu_onnx(info, art, fp32, bits, gate, _teacher_rows(info, cd), keep)
-    return record
 
 
 def _teacher_rows(info: ModelInfo, cd: int8.CalibData) -> np.ndarray:
@@ -109,26 +160,34 @@ def _teacher_rows(info: ModelInfo, cd: int8.CalibData) -> np.ndarray:
     return token_rows(cd.heldout, length, GATE_ROWS)
 
 
-def _prefill(path: Path, batches: list[dict]) -> list[dict]:
+def prefill_batches(path: Path, batches: list[dict]) -> list[dict]:
     from trt_seer.eval.teacher import graph_inputs, prefill_feeds
 
     inputs = graph_inputs(path)
     return [prefill_feeds(inputs, b) for b in batches]
 
 
-def awq_scales(fp32_path: Path, fp16_model, targets: list, batches: list[dict], spec: WeightOnlySpec):
+def awq_statistics(graph: Path, targets: list, batches: list[dict]) -> dict:
+    """Activation statistics of the GEMM inputs in `targets`, on `graph` (ONNX Runtime, CPU)."""
+    from trt_seer.quantize import awq
+
+    nodes = {n.name: n for n in onnxio.load(graph, False).graph.node}
+    names = sorted({nodes[t.node].input[0] for t in targets})
+    log.info("collecting activation statistics of %d GEMM inputs on %s ...", len(names), Path(graph).name)
+    return awq.activation_stats(graph, batches, names)
+
+
+def awq_scales(stats: dict, fp16_model, targets: list, spec: WeightOnlySpec):
     """{FP16 activation tensor: s} where AWQ beats round-to-nearest, and a per-activation report."""
     from onnx import numpy_helper
     from tqdm import tqdm
 
     from trt_seer.quantize import awq
 
-    fp32_nodes = {n.name: n for n in onnxio.load(fp32_path, False).graph.node}
     groups: dict[str, list] = {}
     for t in targets:
         groups.setdefault(t.activation, []).append(t)
-    names = {x: fp32_nodes[g[0].node].input[0] for x, g in groups.items()}
-    stats = awq.activation_stats(fp32_path, batches, sorted(set(names.values())))
+    names = {x: x for x in groups}
     inits = {i.name: i for i in fp16_model.graph.initializer}
     scales, report = {}, []
     for x, group in tqdm(groups.items(), desc="AWQ scale search", unit="activation"):
@@ -142,7 +201,7 @@ def awq_scales(fp32_path: Path, fp16_model, targets: list, batches: list[dict], 
     return scales, report
 
 
-def _measured_on(path: Path) -> str:
+def measured_on_cpu(path: Path) -> str:
     import onnxruntime
 
     from trt_seer.eval.teacher import has_cache
@@ -151,10 +210,10 @@ def _measured_on(path: Path) -> str:
     return f"ONNX Runtime {onnxruntime.__version__} CPU, teacher-forced, {how}, against the FP16 graph"
 
 
-def _write(fp16_path: Path, dest: Path, spec: WeightOnlySpec, scales: dict, exclude: frozenset) -> int:
+def _write(load: Callable, dest: Path, spec: WeightOnlySpec, scales: dict, exclude: frozenset) -> int:
     from trt_seer.quantize import weightonly
 
-    model = onnxio.load(fp16_path)
+    model = load()
     s = WeightOnlySpec(spec.bits, spec.block_size, spec.lm_head, exclude)
     targets = weightonly.find_targets(model, s)
     weightonly.weight_only_model(model, targets, s, scales)
@@ -162,45 +221,78 @@ def _write(fp16_path: Path, dest: Path, spec: WeightOnlySpec, scales: dict, excl
     return len(targets)
 
 
-def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantStageSpec, spec: WeightOnlySpec,
-                      gate: DecoderGate, cd: int8.CalibData, qat=None) -> dict:
+def quantize_and_gate(info: ModelInfo, art: records.Artifacts, quant: QuantStageSpec, spec: WeightOnlySpec,
+                      gate: DecoderGate, cd: int8.CalibData, source: DecoderSource, qat=None) -> dict:
     """Writes `<name>.int{bits}.onnx` with the fewest GEMMs in FP16 that pass `gate`; returns the
     record's quantization, calibration and accuracy sections. AccuracyGateError (exit 1) if none does."""
     from trt_seer.eval import teacher
     from trt_seer.quantize import weightonly
 
-    fp32_path, fp16_path, dest = art.path("fp32.onnx"), art.path("fp16.onnx"), art.path(f"int{spec.bits}.onnx")
-    model16 = onnxio.load(fp16_path)
+    dest = art.path(f"int{spec.bits}.onnx")
+    model16 = source.load()
     targets = weightonly.find_targets(model16, spec)
-    scales, awq_report = {}, None
-    if qat is not None:
-        log.info("AWQ skipped: %s says finetune --qat int4 trained these weights for round-to-nearest INT4 on "
-                 "the plain weights (blocks of %d); AWQ's rescaling would round different values", qat.path, qat.block)
-    if _uses_awq(quant, spec.bits, qat):
-        log.info("searching AWQ scales for %d GEMMs ...", len(targets))
-        scales, awq_report = awq_scales(fp32_path, model16, targets, _prefill(fp32_path, cd.calib), spec)
-    rows = _teacher_rows(info, cd)
-    log.info("teacher-forcing %d held-out rows of %d tokens through the FP16 graph ...", *rows.shape)
-    ref = teacher.teacher_forced_logits(fp16_path, rows)
+    scales, awq_report = _awq(quant, spec, qat, source, model16, targets, cd)
+    summary = _quantization(model16, spec, len(targets), frozenset(), awq_report)
+    del model16  # each write loads its own copy: never two FP16 models in memory
     excluded, metrics, fails, table_rows = int8._gated(
-        lambda ex: _write(fp16_path, dest, spec, scales, ex),
-        lambda: teacher.lm_metrics(ref, teacher.teacher_forced_logits(dest, rows), rows), gate, info.task,
-        lambda: int8._rank(fp16_path, dest, _prefill(fp16_path, cd.heldout[:4]), [t.node for t in targets]),
-        f"INT{spec.bits}")
+        lambda ex: _write(source.load, dest, spec, scales, ex),
+        lambda: teacher.lm_metrics(source.reference, source.logits(dest), source.rows), gate, info.task,
+        lambda: _rank(source, dest, cd, targets, spec), f"INT{spec.bits}")
     table = int8._gate_table(table_rows, f"INT{spec.bits}")
     log.info("INT%d accuracy vs FP16 on %d held-out tokens:\n%s", spec.bits, metrics["samples"], table)
     if fails:
         dest.unlink(missing_ok=True)
         raise AccuracyGateError(f"INT{spec.bits} cannot pass the accuracy gate even with every layer in FP16 ("
                                 + "; ".join(fails) + "); the table above has every attempt")
-    return {"quantization": {**_quantization(model16, spec, len(targets), excluded, awq_report),
+    summary.update({"quantized_gemms": len(targets) - len(excluded), "fp16_gemms": sorted(excluded)})
+    return {"quantization": {**summary,
                              "qat": None if qat is None else {"file": str(qat.path), "block": qat.block,
                                                               "weights": qat.weights,
                                                               "awq": "skipped: weights trained for round-to-nearest"}},
             "calibration": {"data": quant.calib or "calib/default.txt", "batches": len(cd.calib)},
-            "accuracy": {"onnx_vs_fp16": metrics, "measured_on": _measured_on(fp16_path),
+            "accuracy": {"onnx_vs_fp16": metrics, "measured_on": source.measured_on,
                          "gate": {"passed": True, "thresholds": gate.__dict__,
                                   "table": [[r[0], r[1], not r[2]] for r in table_rows]}}}
+
+
+def _awq(quant, spec, qat, source: DecoderSource, model16, targets, cd) -> tuple[dict, list | None]:
+    if qat is not None:
+        log.info("AWQ skipped: %s says finetune --qat int4 trained these weights for round-to-nearest INT4 on "
+                 "the plain weights (blocks of %d); AWQ's rescaling would round different values", qat.path, qat.block)
+    if not uses_awq(quant, spec.bits, qat):
+        return {}, None
+    stats = source.awq_stats
+    if stats is None:
+        if source.graph is None:
+            raise AccuracyGateError("AWQ needs activation statistics of the FP16 graph, whose weights were removed; "
+                                    "rerun with --force or --no-awq")
+        stats = awq_statistics(source.graph, targets, prefill_batches(source.graph, cd.calib))
+    log.info("searching AWQ scales for %d GEMMs ...", len(targets))
+    return awq_scales(stats, model16, targets, spec)
+
+
+def _rank(source: DecoderSource, dest: Path, cd, targets: list, spec: WeightOnlySpec) -> list[str]:
+    """GEMMs by the error they add: measured layer by layer against the FP16 graph while it is on
+    disk, else by the relative error of their quantized weights (no FP16 graph needed)."""
+    if source.graph is not None:
+        return int8._rank(source.graph, dest, prefill_batches(source.graph, cd.heldout[:4]), [t.node for t in targets])
+    from trt_seer.quantize import weightonly
+
+    log.info("ranking GEMMs by the relative error of their quantized weights (the FP16 graph's weights were removed)")
+    model = source.load()
+    inits = {t.name: t for t in model.graph.initializer}
+    errors = {}
+    for t in targets:
+        w = _array(inits[t.weight]).astype(np.float32)
+        d = weightonly.fake_quant(w, spec.bits, spec.block_size) - w
+        errors[t.node] = float(np.sum(d * d) / max(float(np.sum(w * w)), 1e-30))
+    return sorted(errors, key=lambda n: -errors[n])
+
+
+def _array(t) -> np.ndarray:
+    from onnx import numpy_helper
+
+    return numpy_helper.to_array(t)
 
 
 def _quantization(model16, spec: WeightOnlySpec, n_targets: int, excluded: frozenset, awq_report) -> dict:

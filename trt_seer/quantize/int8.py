@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer import __version__, data, pipeline
+from trt_seer import __version__, data, records
 from trt_seer.engine import manifest
 from trt_seer.export import onnxio
 from trt_seer.errors import AccuracyGateError, InputError
@@ -204,6 +204,9 @@ def check_spec(quant: QuantStageSpec) -> None:
                              f"one batch ({quant.calib_batch}); pass more data or a smaller --calib-batch")
     if quant.from_cache:
         calibrate.read_cache(Path(quant.from_cache))
+        if resolve_mode(quant) == "weight-only":
+            raise InputError("--from-cache seeds activation ranges, which weight-only INT8 (the default) does not "
+                             "use; add --int8-mode w8a8, or drop --from-cache")
     if resolve_mode(quant) == "w8a8":
         log.warning("warning: --int8-mode w8a8 is unverified on a GPU: no W8A8 engine has yet given a correct "
                     "output (TensorRT-RTX returned NaN); the default (auto) is weight-only")
@@ -286,14 +289,13 @@ def _smoothed(fp32_path: Path, nodes: list[str], cd: CalibData, alpha: float, wo
     return s32, fp16_from_onnx(s32, work / "smooth.fp16.onnx")
 
 
-def int8_onnx(info: ModelInfo, art: pipeline.Artifacts, fp32: dict, quant: QuantStageSpec) -> dict:
-    """Builds (or reuses) the gated Q/DQ ONNX; returns its record."""
+def int8_onnx(info: ModelInfo, art: records.Artifacts, fp32: dict, fp16: dict, quant: QuantStageSpec) -> dict:
+    """Builds (or reuses) the gated Q/DQ ONNX from the FP32 and FP16 graphs' records; returns its record."""
     import tempfile
 
-    fp16 = pipeline.fp16_onnx(info, art, fp32, quant.force)
     gate = Gate(quant.min_cosine, quant.min_cosine_each, quant.min_top1)
     dest, key = art.path("int8.onnx"), _key(fp32, fp16, quant, gate)
-    record = None if quant.force else pipeline.up_to_date(dest, manifest.record_path(dest), key)
+    record = None if quant.force else records.up_to_date(dest, manifest.record_path(dest), key)
     if record and not isinstance(record.get("quantization", {}).get("int8_gemms"), dict):
         record = None  # written before GEMM counts were recorded: redo it
     if record:
@@ -312,7 +314,7 @@ def _log_counts(counts: dict) -> None:
              if counts["fp16_fallback"] else "")
 
 
-def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantStageSpec, gate: Gate, work: Path) -> dict:
+def _calibrate_and_gate(info: ModelInfo, art: records.Artifacts, quant: QuantStageSpec, gate: Gate, work: Path) -> dict:
     from trt_seer.eval import evaluate
     from trt_seer.quantize import qdq as quantize
 
@@ -334,10 +336,14 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantSt
     tensors = quantize.activation_tensors(onnxio.load(src32, False), targets)
     if qat:
         amax_t = qat_ranges.build_amax(qat, modules, targets, tensors)
+    elif mode == "weight-only":  # the graph keeps no activation range: nothing to calibrate
+        amax_t = {}
+        log.info("weight-only INT8: activations stay FP16, so no calibration runs")
     else:
         amax_t = _ranges(src32, tensors, cd, quant)
-    _write_cache(cache_path(info, quant), amax_t)
-    amax = {k: amax_t[t] for k, t in tensors.items()}
+    if amax_t:
+        _write_cache(cache_path(info, quant), amax_t)
+    amax = {k: amax_t[t] for k, t in tensors.items() if t in amax_t}
     log.info("writing the %s Q/DQ graph ...", mode)
     excluded, metrics, fails, rows = _gated(
         lambda ex: _quantized(base16, dest, amax, ex, info.task, quant.int8_attention, mode == "weight-only"),
@@ -357,8 +363,9 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantSt
         dest.unlink(missing_ok=True)
         raise
     return {
-        "calibration": {"method": quant.calib_method, "batches": len(cd.calib), "data": quant.calib or "calib/default.txt",
-                        "cache": str(cache_path(info, quant)), "seeded_from": quant.from_cache,
+        "calibration": {"method": quant.calib_method if amax_t else "none (weight-only: no activation ranges)",
+                        "batches": len(cd.calib), "data": quant.calib or "calib/default.txt",
+                        "cache": str(cache_path(info, quant)) if amax_t else None, "seeded_from": quant.from_cache,
                         "smooth_alpha": quant.smooth_alpha,
                         "qat_ranges": str(qat.path) if qat else None,
                         "smoothing": "learned (qat_ranges.json)" if qat and qat.smoothing else "SmoothQuant"},
@@ -369,7 +376,7 @@ def _calibrate_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantSt
         "cpu": _cpu_int8(info, art, cd, gate)}
 
 
-def _cpu_int8(info: ModelInfo, art: pipeline.Artifacts, cd: CalibData, gate: Gate) -> dict:
+def _cpu_int8(info: ModelInfo, art: records.Artifacts, cd: CalibData, gate: Gate) -> dict:
     """The CPU backend's own INT8 artifact (`<name>.int8.cpu.onnx`): ONNX Runtime's dynamic INT8
     MatMuls and QAttention (per-channel S8 weights, U8 activations quantized at run time) on the
     fused CPU graph (`fp32.cpu.onnx`; else the plain graph's MatMuls), which its CPU kernels run
@@ -395,7 +402,7 @@ def _cpu_int8(info: ModelInfo, art: pipeline.Artifacts, cd: CalibData, gate: Gat
         return {"file": None, "reason": "; ".join(fails)}
     fp32 = manifest.read(manifest.record_path(fp32_path))
     accuracy = evaluate.accuracy_entry(metrics, dest, fp32_path)
-    record = pipeline.write_record(dest, {**pipeline.inherit(fp32), "precision": "int8", "form": CPU_INT8_FORM,
+    record = records.write_record(dest, {**records.inherit(fp32), "precision": "int8", "form": CPU_INT8_FORM,
                                           "source_graph": src.name, "fp32_sha256": fp32["sha256"],
                                           "fp32_gemms": sorted(excluded), "accuracy": {"onnx_vs_fp32": accuracy}})
     return {"file": dest.name, "sha256": record["sha256"], "source_graph": src.name, "fp32_gemms": sorted(excluded),
@@ -403,5 +410,5 @@ def _cpu_int8(info: ModelInfo, art: pipeline.Artifacts, cd: CalibData, gate: Gat
 
 
 def write_int8_record(dest: Path, fp32: dict, fp16: dict, key: str, extra: dict) -> dict:
-    return pipeline.write_record(dest, {**pipeline.inherit(fp32), "precision": "int8", "key": key, "fp32_sha256": fp32["sha256"],
+    return records.write_record(dest, {**records.inherit(fp32), "precision": "int8", "key": key, "fp32_sha256": fp32["sha256"],
                                         "fp16_sha256": fp16["sha256"], **extra})

@@ -1,0 +1,231 @@
+"""The library entry of `trt-seer build`: a BuildRequest in, engines + manifests out.
+
+    from trt_seer.build import BuildRequest, build
+    result = build(BuildRequest(model="ckpt/", precisions=("fp16", "int4"), out=Path("engines")))
+    result.manifests["int4"]["engine"]["file"]
+
+Plan first, then execute: a request whose engines are all up to date is answered from their
+manifests (a hash of the request, no torch import); otherwise the model is resolved, the disk and
+memory it needs are worked out from the checkpoint's headers (resources.py) and a build into a
+directory without room is refused before anything is written. `dry_run` stops after the plan.
+Encoders run the stage sequence of pipeline.py; decoders the streaming one of decoder_build.py.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from trt_seer import __version__
+from trt_seer.engine import manifest
+from trt_seer.engine.build import BuildSpec
+from trt_seer.files import sha256_json
+from trt_seer.quantize.spec import QuantStageSpec
+
+log = logging.getLogger(__name__)
+ORDER = ("fp32", "fp16", "int8", "int4")
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What to build. `spec` is the engine settings shared by every precision (its precision is
+    replaced per engine); `quant` what the INT8/INT4 stages take from the user."""
+
+    model: str | None = None
+    task: str | None = None
+    precisions: tuple[str, ...] = ("fp16",)
+    out: Path = Path("engines")
+    spec: BuildSpec = field(default_factory=BuildSpec)
+    quant: QuantStageSpec | None = None
+    force: bool = False
+    keep_intermediates: bool = False
+    dry_run: bool = False
+
+    def chosen(self) -> list[str]:
+        """FP16 when none is given; INT8/INT4 bring their FP16 engine along, the baseline they are
+        judged by."""
+        chosen = set(self.precisions) or {"fp16"}
+        if chosen & {"int8", "int4"}:
+            chosen.add("fp16")
+        return [p for p in ORDER if p in chosen]
+
+    def quant_spec(self) -> QuantStageSpec:
+        return self.quant or QuantStageSpec(out=Path(self.out), batch=self.spec.profile.batch,
+                                            seq=self.spec.profile.seq, model=self.model, force=self.force)
+
+    def engine_spec(self, precision: str) -> BuildSpec:
+        return replace(self.spec, precision=precision)
+
+
+@dataclass
+class BuildResult:
+    manifests: dict = field(default_factory=dict)  # precision -> engine manifest
+    plan: object = None  # resources.Plan, None on a cache hit
+    stages: list = field(default_factory=list)  # resources.StageMeter records
+    up_to_date: bool = False
+
+
+def build(request: BuildRequest) -> BuildResult:
+    """Builds (or finds up to date) every engine `request` asks for; see the module docstring."""
+    hit = _cache_hit(request)
+    if hit is not None:
+        for p, m in hit.items():
+            log.info("%s engine up to date: %s (%.1f MiB)", p, Path(request.out) / m["engine"]["file"],
+                     m["engine"]["size_bytes"] / 2**20)
+        return BuildResult(hit, up_to_date=True)
+    from trt_seer import resources
+    from trt_seer.export.families import check_profile, resolve_model
+    from trt_seer.files import check_out_dir, ensure_out_dir
+
+    info = resolve_model(request.model, request.task)
+    check_out_dir(request.out)
+    chosen = request.chosen()
+    check_profile(info, request.spec.profile)
+    _check_request(info, request, chosen)
+    plan = plan_for(info, request, chosen)
+    if request.dry_run:
+        return BuildResult(plan=plan)
+    log.info("plan for %s (%s):\n%s", info.name, ", ".join(chosen), plan.describe())
+    resources.check_room(plan, request.out, already=_existing_bytes(request.out, info.name))
+    out = ensure_out_dir(request.out)
+    if info.task == "causal-lm":
+        from trt_seer.decoder_build import build_decoder as run
+    else:
+        from trt_seer.encoder_build import build_encoder as run
+    result = run(info, replace(request, out=out), chosen, plan)
+    _stamp(request, result, info)
+    return result
+
+
+def _check_request(info, request: BuildRequest, chosen: list[str]) -> None:
+    """Every option checked against the model and the installed TensorRT before any work."""
+    from trt_seer.engine import trt
+    from trt_seer.errors import UnsupportedError
+
+    flavor = trt.load()
+    trt.check_targets(flavor, request.spec.compute_caps)
+    trt.target_description(flavor, request.spec.hardware_compat, request.spec.compute_caps)
+    quant = request.quant_spec()
+    if "int4" in chosen and info.task != "causal-lm":
+        raise UnsupportedError(f"--int4 is weight-only quantization for decoding; {info.name} is {info.task}, "
+                               "use --int8")
+    if "int8" in chosen and info.task == "causal-lm" and quant.int8_mode == "w8a8":
+        raise UnsupportedError("causal LMs get weight-only INT8 (what pays when decoding); drop --int8-mode w8a8")
+    if chosen[-1] in ("int8", "int4"):
+        from trt_seer.quantize import int8
+
+        int8.check_spec(quant)
+    if "int4" in chosen:
+        from trt_seer.quantize.decoder_stage import int4_qat
+
+        int4_qat(info, quant, 4)  # a finetune --qat int4 checkpoint: same block size, same LM head
+
+
+def plan_for(info, request: BuildRequest, chosen: list[str]):
+    """The disk and memory the build needs (resources.Plan)."""
+    from trt_seer import resources
+
+    sizes = resources.weight_sizes(info.path, info.config)
+    if sizes is None:
+        plan = resources.Plan(notes=["no safetensors in the checkpoint: sizes not known ahead, room not checked"])
+        return plan
+    if info.task == "causal-lm":
+        from trt_seer.decoder_build import plan_decoder
+
+        return plan_decoder(sizes, chosen, request.quant_spec(), request.keep_intermediates)
+    from trt_seer.encoder_build import plan_encoder
+
+    return plan_encoder(sizes, chosen)
+
+
+def _existing_bytes(out: Path, name: str) -> int:
+    """Bytes of this model's artifacts already under `out` (a rebuild replaces them)."""
+    from trt_seer.resources import disk_usage
+
+    out = Path(out)
+    return sum(disk_usage(p) if p.is_dir() else p.stat().st_blocks * 512 for p in out.glob(f"{name}.*")) \
+        if out.is_dir() else 0
+
+
+# --- cache hits without resolving the model ----------------------------------------------------
+
+def _name(request: BuildRequest) -> tuple[Path, str] | None:
+    from trt_seer.export.families import DEFAULT_MODEL_NAME, default_checkpoint
+
+    if request.model is None:
+        return default_checkpoint(), DEFAULT_MODEL_NAME
+    path = Path(request.model)
+    return (path, path.resolve().name) if (path / "config.json").is_file() else None
+
+
+def request_key(request: BuildRequest, precision: str, source: dict) -> str:
+    """What an engine was asked for: checkpoint identity, task, engine settings, quantization
+    options (for INT8/INT4), TensorRT flavor/version/targets and this version of trt_seer."""
+    from dataclasses import asdict
+
+    from trt_seer.engine import trt
+    from trt_seer.records import source_identity
+
+    flavor = trt.load()
+    quant = {}
+    if precision in ("int8", "int4"):
+        from trt_seer.quantize import int8
+
+        q = request.quant_spec()
+        quant = {k: v for k, v in asdict(q).items() if k not in ("out", "force", "model")}
+        quant["data"] = int8.data_fingerprint(q)
+    return sha256_json({"source": source_identity(source), "task": request.task,
+                        "spec": request.engine_spec(precision).settings(), "quant": quant,
+                        "tensorrt": flavor.describe(), "targets": trt.target_description(
+                            flavor, request.spec.hardware_compat, request.spec.compute_caps),
+                        "qat": _qat_sha(source), "trt_seer": __version__})
+
+
+def _qat_sha(source: dict) -> str | None:
+    from trt_seer.files import sha256_file
+
+    qat = Path(source["checkpoint"]) / "qat_ranges.json"
+    return sha256_file(qat) if qat.is_file() else None
+
+
+def _cache_hit(request: BuildRequest) -> dict | None:
+    """{precision: manifest} when every asked-for engine is up to date for this very request."""
+    from trt_seer.engine import trt
+    from trt_seer.records import checkpoint_fingerprint, file_sha
+
+    if request.force or request.dry_run or not Path(request.out).is_dir():
+        return None
+    found = _name(request)
+    if found is None:
+        return None
+    ckpt, name = found
+    targets = trt.target_description(trt.load(), request.spec.hardware_compat, request.spec.compute_caps)
+    if targets["mode"] in trt.NEEDS_BUILD_GPU:
+        return None  # the key would need the build GPU: resolve and build as usual
+    hit = {}
+    for p in request.chosen():
+        engine = Path(request.out) / f"{name}.{p}.engine"
+        m = manifest.read_if_exists(manifest.engine_manifest_path(engine))
+        if not m or not engine.is_file() or "request_key" not in m.get("build", {}):
+            return None
+        source = checkpoint_fingerprint(ckpt, m.get("source"))
+        if m["build"]["request_key"] != request_key(request, p, source):
+            return None
+        if file_sha(engine, m["engine"]) != m["engine"]["sha256"]:
+            return None
+        hit[p] = m
+    return hit
+
+
+def _stamp(request: BuildRequest, result: BuildResult, info) -> None:
+    """Writes each engine's request key, the plan and the stage figures into its manifest."""
+    from trt_seer.records import checkpoint_fingerprint
+
+    stages = [s for s in result.stages]
+    for p, m in result.manifests.items():
+        source = checkpoint_fingerprint(info.path, m.get("source"))
+        path = Path(request.out) / m["engine"]["file"]
+        data = {**m, "build": {**m["build"], "request_key": request_key(request, p, source)},
+                "build_stages": stages, "build_plan": result.plan.to_dict() if result.plan else None}
+        manifest.write(manifest.engine_manifest_path(path), data)
+        result.manifests[p] = manifest.read(manifest.engine_manifest_path(path))
