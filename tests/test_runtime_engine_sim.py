@@ -120,6 +120,11 @@ class Context:
         return True
 
 
+def contexts(kind):
+    """A model's `new_context` making contexts of class `kind` (no runtime config, as TensorRT)."""
+    return lambda: (kind(), None)
+
+
 def expected(feeds):
     ids, mask = feeds["input_ids"], feeds["attention_mask"]
     return {"sum": (ids * mask).sum(1).astype(np.float32),
@@ -130,7 +135,7 @@ def expected(feeds):
 def model(monkeypatch, request):
     rt = FakeRuntime()
     monkeypatch.setattr(cuda, "cudart", lambda: rt)
-    monkeypatch.setattr(cuda, "_memcpy_kind", lambda kind: kind)
+    monkeypatch.setattr(cuda, "memcpy_kind", lambda kind: kind)
     monkeypatch.setattr(cuda, "HostDeviceBuffer", Buffer)
     monkeypatch.setattr(cuda, "Stream", Handle)
     monkeypatch.setattr(cuda, "Event", Handle)
@@ -141,12 +146,10 @@ def model(monkeypatch, request):
     m.outputs = (IOSpec("hidden", "float32", (-1, -1, HIDDEN)), IOSpec("sum", "float32", (-1,)))
     m.options, m.path = engine_mod.EngineOptions(time_gpu=request.param), types.SimpleNamespace(name="sim.engine")
     m._graphs_ok, m.graph_mode, m.gpu = True, "runtime", types.SimpleNamespace(index=0)
-    m._new_context = Context
+    m.new_context = contexts(Context)
     m._check_feeds = engine_mod.FeedCheck(m.inputs)
     m._jit_cache = types.SimpleNamespace(save=lambda: None)
-    m._configs = {}
-    m._slots = [slot_mod.Slot(m)]
-    m._pool = m._gate = slot_mod.SlotPool("sim.engine", m._slots)
+    m.pool = m._gate = slot_mod.SlotPool("sim.engine", [slot_mod.Slot(m)])
     m.rt = rt
     return m
 
@@ -160,7 +163,7 @@ def test_repeated_calls_take_the_plan_and_stay_right_across_shape_and_output_swi
     """A -> A -> B -> A with changing values and output selections: every result is right, and from the
     second call of a shape on, the call runs from the slot's plan (one staging copy in, one copy out
     per returned output)."""
-    slot = model._slots[0]
+    slot = model.pool.slots[0]
     calls = [((2, 5), None), ((2, 5), None), ((2, 5), ["sum"]), ((4, 8), ["sum"]), ((2, 5), ["sum"]),
              ((4, 8), ["hidden", "sum"]), ((1, 1), ["sum"]), ((4, 8), ["sum"])]
     for i, ((b, s), outputs) in enumerate(calls):
@@ -189,7 +192,7 @@ def test_results_are_the_callers_own_arrays(model):
 def test_out_buffers_device_outputs_and_gpu_inputs_mix_with_planned_calls(model):
     """Calls that bind caller memory go the general way and rebind; the planned call after them
     finds every tensor back in the slot's own buffers."""
-    slot = model._slots[0]
+    slot = model.pool.slots[0]
     feeds = feeds_of(2, 6, seed=3)
     want = expected(feeds)
     model.infer(feeds)
@@ -232,7 +235,7 @@ def test_bad_feeds_after_planned_calls_fail_and_leave_the_slot_usable(model):
     with pytest.raises(engine_mod.InputError, match="outside the profile"):
         model.infer(feeds_of(5, 3, seed=6))
     np.testing.assert_array_equal(model.infer(good)["sum"], expected(good)["sum"])
-    assert model._pool._free == model._slots
+    assert all(model.pool.is_free(s) for s in model.pool.slots)
 
 
 def waits_for(fn, go, busy) -> None:
@@ -254,7 +257,7 @@ def test_prepared_call_runs_on_its_own_context_with_one_copy_each_way(model):
     """prepare() adds a context outside the pool: runs give the right results with one staging copy in
     and one copy out per returned output, and plain calls keep using the pool meanwhile."""
     call = model.prepare({"input_ids": (3, 4), "attention_mask": (3, 4)}, outputs=["sum"])
-    assert call.slot in model._slots and call.slot not in model._pool._free and len(model._slots) == 2
+    assert call.slot in model.pool.slots and not model.pool.is_free(call.slot) and len(model.pool.slots) == 2
     for seed in range(3):
         feeds = feeds_of(3, 4, seed=seed)
         model.rt.copies.clear()
@@ -265,7 +268,7 @@ def test_prepared_call_runs_on_its_own_context_with_one_copy_each_way(model):
         assert model.last_gpu_ms == (0.25 if model.options.time_gpu else None)
         other = feeds_of(2, 5, seed=10 + seed)
         np.testing.assert_array_equal(model.infer(other)["hidden"], expected(other)["hidden"])
-    assert call.slot.context.runs == 3 and model._slots[0].context.runs == 3
+    assert call.slot.context.runs == 3 and model.pool.slots[0].context.runs == 3
     direct = feeds_of(3, 4, seed=7)  # written straight into the staging places, run() with no feeds
     for name, value in direct.items():
         call.inputs[name][...] = value
@@ -284,7 +287,7 @@ def test_prepared_call_refuses_other_feeds_without_touching_its_inputs(model):
         np.testing.assert_array_equal(call.inputs[name], value)
     with pytest.raises(engine_mod.InputError, match="outside the profile"):
         model.prepare({"input_ids": (5, 3), "attention_mask": (5, 3)})
-    assert len(model._slots) == 2  # the refused prepare made no context
+    assert len(model.pool.slots) == 2  # the refused prepare made no context
 
 
 def test_prepared_call_close_and_model_close_free_its_context_once(model):
@@ -292,7 +295,7 @@ def test_prepared_call_close_and_model_close_free_its_context_once(model):
     second = model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)}, outputs="sum")
     first.close()
     first.close()
-    assert first.slot not in model._slots and first.slot.context is None
+    assert first.slot not in model.pool.slots and first.slot.context is None
     with pytest.raises(engine_mod.InputError, match="this prepared call is closed"):
         first.run(feeds_of(1, 2, seed=0))
     model.close()
@@ -316,7 +319,7 @@ def test_a_dropped_prepared_call_frees_its_context(model):
     assert list(call.run(feeds_of(1, 2, seed=1))) == ["sum"]
     del call
     gc.collect()
-    assert slot not in model._slots and slot.context is None and slot.staging.closes == 1
+    assert slot not in model.pool.slots and slot.context is None and slot.staging.closes == 1
 
 
 def test_prepare_and_close_from_two_threads_never_leave_a_half_made_context(model):
@@ -332,13 +335,13 @@ def test_prepare_and_close_from_two_threads_never_leave_a_half_made_context(mode
             made.set()
             go.wait(5)
 
-    model._new_context = SlowContext
+    model.new_context = contexts(SlowContext)
     prepared = []
     maker = threading.Thread(target=lambda: prepared.append(model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)})))
     maker.start()
     assert made.wait(5)
     waits_for(model.close, go, maker)  # close() waits for the prepare inside
-    assert prepared[0].slot.context is None and not model._slots
+    assert prepared[0].slot.context is None and not model.pool.slots
     with pytest.raises(engine_mod.InputError, match="is closed"):
         prepared[0].run(feeds_of(1, 2, seed=0))
 
@@ -350,11 +353,11 @@ def test_a_prepare_that_fails_after_making_its_context_frees_it(model, monkeypat
 
     closed, close = [], slot_mod.Slot.close
     monkeypatch.setattr(slot_mod.Slot, "close", lambda slot: (closed.append(slot), close(slot)))
-    model._new_context = PickyContext
-    before = list(model._slots)
+    model.new_context = contexts(PickyContext)
+    before = list(model.pool.slots)
     with pytest.raises(engine_mod.InputError, match="TensorRT rejected shape"):
         model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)})
-    assert model._slots == before and model._pool.inside == 0
+    assert model.pool.slots == before and model.pool.inside == 0
     assert len(closed) == 1 and isinstance(closed[0].staging, Buffer) and closed[0].staging.closes == 1
 
 
@@ -370,7 +373,7 @@ def test_prepared_call_runs_one_thread_at_a_time(model):
             go.wait(5)
             return super().execute_async_v3(stream)
 
-    model._new_context = SlowContext  # the prepared call's own context
+    model.new_context = contexts(SlowContext)  # the prepared call's own context
     call = model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)}, outputs="sum")
     feeds = feeds_of(1, 2, seed=3)
     results = []
@@ -381,7 +384,7 @@ def test_prepared_call_runs_one_thread_at_a_time(model):
         call.run(feeds)
     waits_for(call.close, go, worker)  # close() waits for the run inside
     np.testing.assert_array_equal(results[0], expected(feeds)["sum"])
-    assert call.closed and call.slot not in model._slots
+    assert call.closed and call.slot not in model.pool.slots
 
 
 class AllocRuntime:
@@ -438,7 +441,7 @@ def test_a_failed_prepared_run_raises_the_engines_reason_and_the_call_stays_usab
                 return False
             return super().execute_async_v3(stream)
 
-    model._new_context = FlakyContext
+    model.new_context = contexts(FlakyContext)
     model._logger = types.SimpleNamespace(errors=["IExecutionContext::enqueueV3: out of memory"])
     call = model.prepare({"input_ids": (2, 2), "attention_mask": (2, 2)}, outputs=["sum"])
     feeds = feeds_of(2, 2, seed=4)
@@ -446,7 +449,7 @@ def test_a_failed_prepared_run_raises_the_engines_reason_and_the_call_stays_usab
         call.run(feeds)
     fail.append(False)
     np.testing.assert_array_equal(call.run(feeds)["sum"], expected(feeds)["sum"])
-    assert model._pool.inside == 0
+    assert model.pool.inside == 0
 
 
 def test_big_endian_feeds_reach_the_engine_as_numbers(model):

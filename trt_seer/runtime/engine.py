@@ -139,12 +139,10 @@ class TensorRTModel(Model):
         _check_io_names(self.manifest, self.inputs, self.outputs, self.path)
         self._check_feeds = FeedCheck(self.inputs)
         self._jit_cache = RuntimeCacheFile.for_engine(self.path, options.runtime_cache, self.flavor)
-        self._configs: dict[int, object] = {}  # id(context) -> its IRuntimeConfig, kept as long as it
         self._graphs_ok = options.use_cuda_graph is not False
         self.graph_mode = "capture" if self._graphs_ok else None  # "runtime": the flavor's own
-        self._slots = [Slot(self) for _ in range(options.contexts)]
-        self._pool = SlotPool(self.path.name, self._slots)
-        self._gate = self._pool
+        self.pool = SlotPool(self.path.name, [Slot(self) for _ in range(options.contexts)])
+        self._gate = self.pool
 
     # --- loading -----------------------------------------------------------------------------
 
@@ -164,16 +162,15 @@ class TensorRTModel(Model):
             self.graph_mode = "runtime"
         return config
 
-    def _new_context(self):
+    def new_context(self) -> tuple:
+        """(a new execution context, its IRuntimeConfig or None); the slot keeps both."""
         config = self._runtime_config()
         context = (self.engine.create_execution_context(config) if config is not None
                    else self.engine.create_execution_context())
         if context is None:
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "out of GPU memory?"
             raise TrtSeerError(f"TensorRT could not create an execution context for {self.path.name}: {why}")
-        if config is not None:
-            self._configs[id(context)] = config
-        return context
+        return context, config
 
     # --- running -----------------------------------------------------------------------------
 
@@ -190,7 +187,7 @@ class TensorRTModel(Model):
                 valid until another call on this model starts; see docs/RUNTIME.md.
         """
         selected = self.selected_outputs(outputs)
-        slot = self._pool.acquire()
+        slot = self.pool.acquire()
         handle = cuda.stream_handle(stream) if stream is not None else slot.stream.handle
         try:
             results, keepalive = self._start(slot, feeds, selected, out, device_outputs, handle)
@@ -198,7 +195,7 @@ class TensorRTModel(Model):
         except BaseException:
             self._release_after_sync(slot, handle)
             raise
-        self._pool.leave()
+        self.pool.leave()
         return pending
 
     def prepare(self, shapes, outputs=None) -> EnginePreparedCall:
@@ -210,7 +207,7 @@ class TensorRTModel(Model):
         """`infer_async(...).result()` without a pending call's bookkeeping: the call keeps its
         execution context from the first copy to the last (see Model.infer for the arguments)."""
         selected = self.selected_outputs(outputs)
-        slot = self._pool.acquire()
+        slot = self.pool.acquire()
         handle = slot.stream.handle
         try:
             seen = None if out or device_outputs or slot.foreign else self._check_feeds.seen(feeds)
@@ -224,7 +221,7 @@ class TensorRTModel(Model):
         except BaseException:
             self._release_after_sync(slot, handle)
             raise
-        self._pool.release_and_leave(slot)
+        self.pool.release_and_leave(slot)
         return values
 
     def _run_plan(self, slot: Slot, plan: Plan, feeds: tuple) -> dict:
@@ -252,8 +249,8 @@ class TensorRTModel(Model):
         try:
             cuda.synchronize(stream)
         finally:
-            self._pool.release(slot)
-            self._pool.leave()
+            self.pool.release(slot)
+            self.pool.leave()
 
     def _enqueue(self, slot: Slot, feeds: dict, key: tuple, call: "_Call", stream) -> list:
         """`key`: the feeds' shapes, in input order (as `feeds` is)."""
@@ -262,7 +259,7 @@ class TensorRTModel(Model):
         self._stage_inputs(slot, feeds, stream)
         if views or slot.foreign:  # else every output is bound to the slot's own buffer already
             self._bind_outputs(slot, views, stream)
-        self._run_engine(slot, key, stream)
+        self.run_engine(slot, key, stream)
         return [self._result(slot, spec, out_shapes[spec.name], views.get(spec.name), call, stream)
                 for spec in call.outputs]
 
@@ -317,7 +314,7 @@ class TensorRTModel(Model):
             cuda.wait_event(stream, slot.ready)
         return value.ptr
 
-    def _run_engine(self, slot: Slot, key: tuple, stream) -> None:
+    def run_engine(self, slot: Slot, key: tuple, stream) -> None:
         """`_execute` between the slot's timing events when `time_gpu` is on."""
         timed = self.options.time_gpu
         if timed:
@@ -335,17 +332,17 @@ class TensorRTModel(Model):
         in (same shapes, this slot's own buffers, an eager enqueue since the last change); otherwise
         enqueues eagerly, and captures the shape if it has no graph yet."""
         if not self._graphs_ok or self.graph_mode == "runtime" or slot.foreign:
-            return self._enqueue_engine(slot, stream)
+            return self.enqueue_engine(slot, stream)
         graph = None if slot.dirty else slot.graphs.get(key)
         if graph is not None:
             slot.graphs.move_to_end(key)
             return graph.launch(stream)
-        self._enqueue_engine(slot, stream)  # after a shape switch TensorRT must enqueue before a replay
+        self.enqueue_engine(slot, stream)  # after a shape switch TensorRT must enqueue before a replay
         if key not in slot.graphs:
             self._capture(slot, key)
         return None
 
-    def _enqueue_engine(self, slot: Slot, stream) -> None:
+    def enqueue_engine(self, slot: Slot, stream) -> None:
         if not slot.context.execute_async_v3(int(stream)):
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
             raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
@@ -356,7 +353,7 @@ class TensorRTModel(Model):
         if not slot.context.is_stream_capturable(int(slot.stream.handle)):
             return self._disable_graphs("TensorRT says this engine's stream is not capturable")
         try:
-            graph = cuda.CudaGraph.capture(slot.stream, lambda: self._enqueue_engine(slot, slot.stream.handle))
+            graph = cuda.CudaGraph.capture(slot.stream, lambda: self.enqueue_engine(slot, slot.stream.handle))
         except (CudaError, TrtSeerError) as e:
             return self._disable_graphs(f"capture failed: {e}")
         slot.graphs[key] = graph
@@ -378,15 +375,15 @@ class TensorRTModel(Model):
         """Refuses new calls, waits for the calls in flight (other threads), then waits for the
         GPU, saves the runtime cache and frees contexts and memory. Idempotent and thread-safe;
         a pending call whose result was not read yet raises InputError when read afterwards."""
-        if not self._pool.close():
+        if not self.pool.close():
             return
-        for slot in self._slots:
+        for slot in self.pool.slots:
             slot.stream.synchronize()
             slot.done.synchronize()  # work enqueued on a caller's stream
         self._jit_cache.save()
-        for slot in self._slots:
+        for slot in self.pool.slots:
             slot.close()
-        self._slots, self._configs = [], {}
+        self.pool.slots.clear()
         self.engine = self._runtime = None
 
 
