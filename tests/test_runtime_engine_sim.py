@@ -1,6 +1,8 @@
 """The TensorRT backend's call path (engine.py, slot.py) on CPU: CUDA copies are real memory moves
 between numpy "host" and "device" arrays and the execution context computes from the memory it is
-bound to, so staging, binding, shape switches and copies back are checked without a GPU. Real
+bound to, so staging, binding, shape switches and copies back are checked without a GPU. With
+`CaptureRuntime`, stream capture records the context's launches (shapes and addresses frozen) and
+graph launches replay them, so the runtime's own CUDA-graph path (full TensorRT) runs too. Real
 kernels, streams and graphs are covered by test_runtime_gpu.py."""
 from __future__ import annotations
 
@@ -111,13 +113,25 @@ class Context:
         return True
 
     def execute_async_v3(self, stream):
-        shape = self.shapes["input_ids"]
-        ids = array_at(self.addresses["input_ids"], shape, np.int64)
-        mask = array_at(self.addresses["attention_mask"], shape, np.int64)
-        array_at(self.addresses["sum"], shape[:1], np.float32)[:] = (ids * mask).sum(1)
-        array_at(self.addresses["hidden"], shape + (HIDDEN,), np.float32)[:] = ids[..., None] + np.arange(HIDDEN)
-        self.runs += 1
+        capture = getattr(cuda.cudart(), "capturing", None)
+        if capture is not None:  # a graph freezes the shapes and addresses of its launch
+            shapes, addresses = dict(self.shapes), dict(self.addresses)
+            capture.append(lambda: self.compute(shapes, addresses))
+        else:
+            self.compute(self.shapes, self.addresses)
+            self.eager = getattr(self, "eager", 0) + 1
         return True
+
+    def is_stream_capturable(self, stream):
+        return True
+
+    def compute(self, shapes, addresses):
+        shape = shapes["input_ids"]
+        ids = array_at(addresses["input_ids"], shape, np.int64)
+        mask = array_at(addresses["attention_mask"], shape, np.int64)
+        array_at(addresses["sum"], shape[:1], np.float32)[:] = (ids * mask).sum(1)
+        array_at(addresses["hidden"], shape + (HIDDEN,), np.float32)[:] = ids[..., None] + np.arange(HIDDEN)
+        self.runs += 1
 
 
 def contexts(kind):
@@ -131,9 +145,44 @@ def expected(feeds):
             "hidden": (ids[..., None] + np.arange(HIDDEN)).astype(np.float32)}
 
 
-@pytest.fixture(params=[True, False], ids=["timed", "untimed"])
-def model(monkeypatch, request):
-    rt = FakeRuntime()
+class CaptureRuntime(FakeRuntime):
+    """cudart with stream capture: between Begin- and EndCapture the context's enqueues are recorded
+    (with the shapes and addresses bound then, as a CUDA graph freezes them) instead of run;
+    cudaGraphLaunch replays them."""
+
+    cudaStreamCaptureMode = types.SimpleNamespace(cudaStreamCaptureModeThreadLocal=1)
+
+    def __init__(self):
+        super().__init__()
+        self.capturing, self.launches, self.destroyed = None, 0, []
+
+    def cudaStreamBeginCapture(self, stream, mode):
+        self.capturing = []
+        return (0,)
+
+    def cudaStreamEndCapture(self, stream):
+        work, self.capturing = tuple(self.capturing), None
+        return (0, work)
+
+    def cudaGraphInstantiate(self, graph, flags):
+        return (0, list(graph))
+
+    def cudaGraphLaunch(self, graph_exec, stream):
+        self.launches += 1
+        for work in graph_exec:
+            work()
+        return (0,)
+
+    def cudaGraphDestroy(self, graph):
+        return (0,)
+
+    def cudaGraphExecDestroy(self, graph_exec):
+        self.destroyed.append(graph_exec)
+        return (0,)
+
+
+def simulated_model(monkeypatch, rt, options, graph_mode):
+    """A TensorRTModel over the fake context, CUDA runtime and buffers above."""
     monkeypatch.setattr(cuda, "cudart", lambda: rt)
     monkeypatch.setattr(cuda, "memcpy_kind", lambda kind: kind)
     monkeypatch.setattr(cuda, "HostDeviceBuffer", Buffer)
@@ -144,14 +193,29 @@ def model(monkeypatch, request):
     m.inputs = tuple(IOSpec(n, "int64", (-1, -1), token_axes((-1, -1)), (1, 1), (4, 8))
                      for n in ("input_ids", "attention_mask"))
     m.outputs = (IOSpec("hidden", "float32", (-1, -1, HIDDEN)), IOSpec("sum", "float32", (-1,)))
-    m.options, m.path = engine_mod.EngineOptions(time_gpu=request.param), types.SimpleNamespace(name="sim.engine")
-    m._graphs_ok, m.graph_mode, m.gpu = True, "runtime", types.SimpleNamespace(index=0)
+    m.options, m.path = options, types.SimpleNamespace(name="sim.engine")
+    m._graphs_ok, m.graph_mode, m.gpu = True, graph_mode, types.SimpleNamespace(index=0)
     m.new_context = contexts(Context)
     m._check_feeds = engine_mod.FeedCheck(m.inputs)
     m._jit_cache = types.SimpleNamespace(save=lambda: None)
     m.pool = m._gate = slot_mod.SlotPool("sim.engine", [slot_mod.Slot(m)])
     m.rt = rt
     return m
+
+
+@pytest.fixture(params=[True, False], ids=["timed", "untimed"])
+def model(monkeypatch, request):
+    """The flavor replays graphs itself (TensorRT-RTX): every call enqueues the engine."""
+    return simulated_model(monkeypatch, FakeRuntime(), engine_mod.EngineOptions(time_gpu=request.param), "runtime")
+
+
+@pytest.fixture(params=[True, False], ids=["timed", "untimed"])
+def captured(monkeypatch, request):
+    """Full TensorRT: the runtime captures one CUDA graph per input shape and replays it."""
+    options = engine_mod.EngineOptions(time_gpu=request.param, max_graphs=2)
+    m = simulated_model(monkeypatch, CaptureRuntime(), options, "capture")
+    yield m
+    m.close()  # frees the graphs while the fake runtime is in place
 
 
 def feeds_of(batch, seq, seed):
@@ -459,3 +523,47 @@ def test_big_endian_feeds_reach_the_engine_as_numbers(model):
         np.testing.assert_array_equal(model.infer(swapped)["sum"], expected(feeds)["sum"])
     call = model.prepare({"input_ids": (2, 3), "attention_mask": (2, 3)}, outputs="sum")
     np.testing.assert_array_equal(call.run(swapped)["sum"], expected(feeds)["sum"])
+
+
+def test_capture_mode_replays_one_graph_per_shape_once_the_context_is_in_its_state(captured):
+    """graph_mode "capture": the first call of a shape runs eagerly and captures it; later calls of
+    that shape replay the graph (the new inputs staged where the graph reads them); after a shape
+    switch, one eager enqueue comes before a replay; calls binding caller memory never replay; the
+    least recently used graph goes past max_graphs."""
+    slot, rt = captured.pool.slots[0], captured.rt
+    runs = [((2, 5), None, 1, 0), ((2, 5), None, 0, 1), ((2, 5), ["sum"], 0, 1),  # (shape, outputs, eager, replays)
+            ((3, 4), ["sum"], 1, 0), ((3, 4), None, 0, 1), ((2, 5), ["sum"], 1, 0), ((2, 5), ["hidden"], 0, 1)]
+    for i, ((b, s), outputs, eager, replays) in enumerate(runs):
+        before = (getattr(slot.context, "eager", 0), rt.launches)
+        feeds = feeds_of(b, s, seed=20 + i)
+        got = captured.infer(feeds, outputs=outputs)
+        for name, value in got.items():
+            np.testing.assert_array_equal(value, expected(feeds)[name], err_msg=f"call {i} {name}")
+        assert (slot.context.eager - before[0], rt.launches - before[1]) == (eager, replays), i
+    assert set(slot.graphs) == {((2, 5),) * 2, ((3, 4),) * 2} and not rt.destroyed
+
+    feeds = feeds_of(2, 5, seed=40)
+    dev = np.zeros(2, np.float32)
+    launches = rt.launches
+    captured.infer(feeds, outputs=["sum"], out={"sum": DeviceTensor(dev.ctypes.data, (2,), np.dtype(np.float32), 0, None, dev)})
+    np.testing.assert_array_equal(dev, expected(feeds)["sum"])
+    assert rt.launches == launches  # bound to caller memory: eager, the graph's addresses are not these
+    for _ in range(2):  # back in its own buffers: one eager enqueue, then replays again
+        np.testing.assert_array_equal(captured.infer(feeds, outputs=["sum"])["sum"], expected(feeds)["sum"])
+    assert rt.launches == launches + 1
+
+    captured.infer(feeds_of(1, 1, seed=41))  # a third shape: the least recently used graph goes
+    assert set(slot.graphs) == {((2, 5),) * 2, ((1, 1),) * 2} and len(rt.destroyed) == 1
+
+
+def test_capture_mode_async_calls_and_prepared_calls_replay_too(captured):
+    """infer_async and a prepared call take the same capture path and give the right results."""
+    for seed in range(3):
+        feeds = feeds_of(3, 2, seed=50 + seed)
+        np.testing.assert_array_equal(captured.infer_async(feeds).result()["hidden"], expected(feeds)["hidden"])
+    call = captured.prepare({"input_ids": (2, 2), "attention_mask": (2, 2)}, outputs=["sum"])
+    launches = captured.rt.launches
+    for seed in range(3):
+        feeds = feeds_of(2, 2, seed=60 + seed)
+        np.testing.assert_array_equal(call.run(feeds)["sum"], expected(feeds)["sum"])
+    assert captured.rt.launches == launches + 2 and call.slot.context.eager == 1
