@@ -21,6 +21,7 @@ from trt_seer.engine import manifest
 from trt_seer.errors import AccuracyGateError
 from trt_seer.export import onnxio
 from trt_seer.export.families import ModelInfo, ShapeProfile, max_positions
+from trt_seer.eval import gate as gate_mod
 from trt_seer.files import sha256_json
 from trt_seer.quantize import int8
 from trt_seer.quantize.weightonly import WeightOnlySpec
@@ -182,12 +183,12 @@ def quantize_and_gate(info: ModelInfo, art: pipeline.Artifacts, quant: QuantStag
     rows = _teacher_rows(info, cd)
     log.info("teacher-forcing %d held-out rows of %d tokens through the FP16 graph ...", *rows.shape)
     ref = teacher.teacher_forced_logits(fp16_path, rows)
-    excluded, metrics, fails, table_rows = int8._gated(
+    excluded, metrics, fails, table_rows = gate_mod.fallback(
         lambda ex: _write(fp16_path, dest, spec, scales, ex),
         lambda: teacher.lm_metrics(ref, teacher.teacher_forced_logits(dest, rows), rows), gate, info.task,
-        lambda: int8._rank(fp16_path, dest, _prefill(fp16_path, cd.heldout[:4]), [t.node for t in targets]),
+        lambda: gate_mod.rank_by_added_error(fp16_path, dest, _prefill(fp16_path, cd.heldout[:4]), [t.node for t in targets]),
         f"INT{spec.bits}")
-    table = int8._gate_table(table_rows, f"INT{spec.bits}")
+    table = gate_mod.table(table_rows, f"INT{spec.bits}")
     log.info("INT%d accuracy vs FP16 on %d held-out tokens:\n%s", spec.bits, metrics["samples"], table)
     if fails:
         dest.unlink(missing_ok=True)

@@ -1,6 +1,6 @@
 """Per-layer error of a reduced-precision ONNX graph (FP16-typed or Q/DQ INT8) against its reference.
 
-    from trt_seer.quantize.layers import layer_error_profile, first_jumps
+    from trt_seer.eval.layers import layer_error_profile, first_jumps
     profile = layer_error_profile(Path("m.fp32.onnx"), Path("m.int8.onnx"), batches)
     for row in first_jumps(profile):
         print(row["node"], row["rel_error"], row["added_error"])
