@@ -25,7 +25,8 @@ import numpy as np
 from trt_seer.errors import ExportMismatchError
 from trt_seer.export import onnxio
 from trt_seer.export.tolerance import Tolerance
-from trt_seer.export.families import ModelInfo, decoder_io, num_layers
+from trt_seer.decoder_io import PRESENT_PREFIX, decoder_io, position_ids
+from trt_seer.export.families import ModelInfo, num_layers
 
 TRACE_CASE = (2, 5, 3)  # (batch, seq, past_seq) used for tracing; no axis of size 0 or 1
 VERIFY_CASES = ((3, 7, 0), (2, 1, 9), (1, 4, 6), (4, 1, 0))  # prefill, decode, chunked prefill
@@ -92,11 +93,6 @@ def wrap_decoder(model, shape: DecoderShape):
             return (out.logits, *presents)  # (batch, 1, vocab), (batch, kv_heads, past+seq, head_dim)...
 
     return Step().eval()
-
-
-def position_ids(mask: np.ndarray, seq: int) -> np.ndarray:
-    """Positions of the last `seq` tokens, counting real tokens only (left padding safe)."""
-    return np.clip(np.cumsum(mask, axis=1) - 1, 0, None)[:, -seq:].astype(np.int64)
 
 
 def sample_feeds(shape: DecoderShape, batch: int, seq: int, past: int, seed: int = 0,
@@ -171,7 +167,7 @@ def verify_decoder(step, shape: DecoderShape, onnx_path: Path, name: str, tol) -
             where = f"{out} at batch={batch} seq={seq} past={past}"
             if g.shape != r.shape:
                 raise ExportMismatchError(f"ONNX output {where} has shape {g.shape}, PyTorch {r.shape}")
-            if out.startswith("present.") and g.shape[2] != past + seq:
+            if out.startswith(PRESENT_PREFIX) and g.shape[2] != past + seq:
                 raise ExportMismatchError(f"{where} holds {g.shape[2]} positions, not past + seq = {past + seq}: "
                                           "the past keys/values did not reach the model")
             g, r = defined(out, g, feeds["attention_mask"]), defined(out, r, feeds["attention_mask"])

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from trt_seer.decoder_io import TOKEN_INPUTS, is_past, present_of
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
@@ -35,7 +36,7 @@ import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.engine import EngineOptions, check_manifest, deserialize, open_device
 from trt_seer.runtime.jit_cache import RuntimeCacheFile
 
-SMALL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+SMALL_INPUTS = TOKEN_INPUTS
 SPECIALIZE = ("none", "lazy", "eager")
 CACHES = ("window", "grow")
 
@@ -124,8 +125,8 @@ class TensorRTDecoder:
     def _names(self) -> None:
         trt = self.flavor.trt
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.past_names = [n for n in names if n.startswith("past_key_values.")]
-        self.present_names = ["present." + n.removeprefix("past_key_values.") for n in self.past_names]
+        self.past_names = [n for n in names if is_past(n)]
+        self.present_names = [present_of(n) for n in self.past_names]
         missing = [n for n in (*SMALL_INPUTS, "logits", *self.present_names) if n not in names]
         if missing or not self.past_names:
             raise InputError(f"{self.path.name} lacks the KV-cache I/O {missing or ['past_key_values.*']}: "

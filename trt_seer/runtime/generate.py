@@ -21,6 +21,7 @@ from typing import Iterator, Protocol
 
 import numpy as np
 
+from trt_seer.decoder_io import position_ids
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import DependencyError, InputError
 
@@ -61,11 +62,6 @@ class Generation:
     token_ids: list[int]  # generated, the final EOS included
     text: str  # the generated text, special tokens skipped
     finish_reason: str  # "eos" | "length"
-
-
-def position_ids(mask: np.ndarray, seq: int) -> np.ndarray:
-    """Positions of the last `seq` tokens counted over real tokens: left padding keeps them right."""
-    return np.clip(np.cumsum(mask, axis=1) - 1, 0, None)[:, -seq:].astype(np.int64)
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
