@@ -13,7 +13,7 @@ from trt_seer.engine import trt
 from trt_seer.engine.build import BuildSpec, cache_key
 from trt_seer.errors import ManifestMismatchError, UnsupportedError
 from trt_seer.export.families import ShapeProfile
-from trt_seer.runtime.engine import check_manifest
+from trt_seer.runtime.loader import check_manifest
 
 pytestmark = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
 

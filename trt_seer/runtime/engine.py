@@ -26,73 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.engine import manifest as manifest_io
-from trt_seer.engine import trt as trt_adapter
-from trt_seer.errors import CudaError, DependencyError, InputError, ManifestMismatchError, TrtSeerError
+from trt_seer.errors import CudaError, InputError, ManifestMismatchError, TrtSeerError
 import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.base import Model
-from trt_seer.runtime.jit_cache import RuntimeCacheFile
 from trt_seer.runtime.io import DeviceTensor, FeedCheck, IOSpec, out_view, token_axes, validate_out
+from trt_seer.runtime.loader import EngineOptions, load_engine
 from trt_seer.runtime.prepared_engine import EnginePreparedCall
 from trt_seer.runtime.slot import EnginePending, Plan, Slot, SlotPool
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """How to run an engine. `runtime_cache`: "auto" keeps TensorRT-RTX's JIT kernels in
-    `<engine stem>.runtime.cache` beside the engine, a path puts them there, None turns it off."""
-
-    device: int = 0
-    contexts: int = 1
-    # None: on where the flavor allows (TensorRT: captured per input shape; TensorRT-RTX: its own
-    # per-shape capture), off quietly where it cannot; True: the same, warning when it cannot.
-    use_cuda_graph: bool | None = None
-    max_graphs: int = 32  # captured shapes kept per context (least recently used dropped)
-    runtime_cache: str | Path | None = "auto"
-    # True: CUDA events around the engine give `last_gpu_ms` (benchmarks, `trt-seer run`); off by
-    # default: the two event records cost a call ~12 us end to end on an H200 (docs/BENCHMARKS.md).
-    time_gpu: bool = False
-    verbose: bool = False
-
-    def __post_init__(self):
-        if self.contexts < 1:
-            raise InputError(f"contexts must be >= 1, got {self.contexts}")
-
-
-def check_manifest(manifest: dict, installed: dict, device_cc: tuple[int, int], gpu: str = "this GPU") -> None:
-    """Raises ManifestMismatchError, naming both sides, if the engine cannot run here.
-
-    Args:
-        manifest: the engine manifest.
-        installed: the installed flavor, `{"flavor": ..., "version": ...}` (Flavor.describe()).
-        device_cc: the GPU's compute capability, e.g. (8, 9).
-        gpu: the GPU's name, for the message.
-    Whether the installed runtime drives this GPU at all is TensorRT's own call at deserialization,
-    reported with the GPU and TensorRT's reason.
-    """
-    name = manifest.get("engine", {}).get("file", manifest.get("name", "engine"))
-    built = manifest["tensorrt"]
-    built_as = f"{built.get('flavor')} {built.get('version')}"
-    here = f"{installed['flavor']} {installed['version']}"
-    if built.get("flavor") != installed["flavor"]:
-        raise ManifestMismatchError(f"{name} was built with {built_as}; this runtime has {here}: "
-                                    f"install {built.get('flavor')} or rebuild the engine here")
-    compat = bool(manifest.get("build", {}).get("settings", {}).get("version_compatible", False))
-    if not trt_adapter.engine_version_compatible(installed["flavor"], built["version"], installed["version"], compat):
-        raise ManifestMismatchError(f"{name} was built with {built_as}; this runtime has {here}: engines "
-                                    "load only in the release that built them; rebuild the engine "
-                                    f"(python -m trt_seer build) or install {built_as}")
-    cc = f"{device_cc[0]}.{device_cc[1]}"
-    targets = manifest["targets"]
-    why = trt_adapter.build_gpu_mismatch(targets, device_cc, gpu)
-    if why:
-        raise ManifestMismatchError(f"{name} {why}")
-    if not trt_adapter.target_allows(targets, device_cc, targets.get("build_compute_capability")):
-        want = ", ".join(targets.get("compute_capabilities") or []) or targets.get("mode", "?")
-        raise ManifestMismatchError(f"{name} targets compute capability {want}; {gpu} is {cc}: "
-                                    f"rebuild with --compute-capability {cc}")
 
 
 def engine_specs(engine, trt, profile: int = 0) -> tuple[tuple[IOSpec, ...], tuple[IOSpec, ...]]:
@@ -127,27 +69,18 @@ class TensorRTModel(Model):
     def __init__(self, path: str | Path, options: EngineOptions = EngineOptions()):
         super().__init__()
         self.path, self.options = Path(path), options
-        if not self.path.is_file():
-            raise InputError(f"engine not found: {self.path}")
-        self.manifest = manifest_io.read_engine_manifest(manifest_io.engine_manifest_path(self.path))
-        self.flavor = trt_adapter.load()
-        self.gpu = open_device(options.device)
-        check_manifest(self.manifest, self.flavor.describe(), self.gpu.compute_capability, self.gpu.name)
-        self._logger = trt_adapter.logger(self.flavor, options.verbose)
-        self._runtime, self.engine = self._deserialize()
+        loaded = load_engine(self.path, options)
+        self.manifest, self.flavor, self.gpu, self.engine = loaded.manifest, loaded.flavor, loaded.gpu, loaded.engine
+        self._logger, self._runtime, self._jit_cache = loaded.logger, loaded.runtime, loaded.jit_cache
         self.inputs, self.outputs = engine_specs(self.engine, self.flavor.trt)
         _check_io_names(self.manifest, self.inputs, self.outputs, self.path)
         self._check_feeds = FeedCheck(self.inputs)
-        self._jit_cache = RuntimeCacheFile.for_engine(self.path, options.runtime_cache, self.flavor)
         self._graphs_ok = options.use_cuda_graph is not False
         self.graph_mode = "capture" if self._graphs_ok else None  # "runtime": the flavor's own
         self.pool = SlotPool(self.path.name, [Slot(self) for _ in range(options.contexts)])
         self._gate = self.pool
 
     # --- loading -----------------------------------------------------------------------------
-
-    def _deserialize(self):
-        return deserialize(self.path, self.manifest, self.flavor, self.gpu, self._logger)
 
     def _runtime_config(self):
         """A per-context IRuntimeConfig sharing one runtime cache (TensorRT-RTX), or None."""
@@ -387,25 +320,6 @@ class TensorRTModel(Model):
         self.engine = self._runtime = None
 
 
-def deserialize(path: Path, manifest: dict, flavor, gpu: cuda.DeviceInfo, logger):
-    """(runtime, engine) from an engine file whose manifest was checked; ManifestMismatchError when
-    the file is not the one the manifest describes or TensorRT cannot load it on this GPU."""
-    blob = path.read_bytes()
-    expected = manifest["engine"].get("size_bytes")
-    if expected is not None and expected != len(blob):
-        raise ManifestMismatchError(f"{path.name} is {len(blob)} bytes but its manifest says {expected}: "
-                                    "the engine was replaced without its manifest; rebuild it")
-    runtime = flavor.trt.Runtime(logger)
-    engine = runtime.deserialize_cuda_engine(blob)
-    if engine is None:
-        why = logger.errors[-1].splitlines()[0] if logger.errors else "see the TensorRT log"
-        raise ManifestMismatchError(
-            f"{flavor.name} {flavor.version} could not load {path.name} on {gpu.name} "
-            f"(compute capability {gpu.major}.{gpu.minor}): {why}; rebuild it here with "
-            "python -m trt_seer build, or run the .onnx on CPU")
-    return runtime, engine
-
-
 @dataclass(frozen=True)
 class _Call:
     """What one call asked for: the outputs to return, caller buffers for some, GPU or host."""
@@ -415,11 +329,3 @@ class _Call:
     device_outputs: bool
 
 
-def open_device(device: int) -> cuda.DeviceInfo:
-    """Makes `device` current; DependencyError when there is no usable GPU."""
-    reason = cuda.gpu_unavailable_reason(device)
-    if reason is not None:
-        raise DependencyError(f"cannot run a TensorRT engine: {reason}; use the .onnx artifact on CPU "
-                              "(backend='onnxruntime')")
-    cuda.set_device(device)
-    return cuda.device_info(device)
