@@ -215,19 +215,13 @@ def artifact_decoder(artifact: str | Path) -> dict:
 
 def load_tokenizer(artifact: Path, decoder: dict, directory: str | Path | None = None):
     """The `tokenizers` tokenizer copied beside the artifact (or from `directory`)."""
-    from tokenizers import Tokenizer
+    from trt_seer.tokenizer import load_tokenizer as from_directory
 
     if directory is None and not decoder.get("tokenizer"):
         raise InputError(f"{Path(artifact).name} has no tokenizer beside it; pass a directory with "
                          "tokenizer.json (trt-seer generate --tokenizer DIR)")
     folder = Path(directory) if directory is not None else Path(artifact).parent / decoder["tokenizer"]
-    path = folder / "tokenizer.json"
-    if not path.is_file():
-        raise InputError(f"no tokenizer.json in {folder}")
-    tokenizer = Tokenizer.from_file(str(path))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    return tokenizer
+    return from_directory(folder, hint="pass trt-seer generate --tokenizer DIR")
 
 
 def load_generator(artifact: str | Path, backend: str = "auto", *, tokenizer_dir: str | Path | None = None,
