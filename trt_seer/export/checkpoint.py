@@ -191,10 +191,10 @@ def verify(wrapped, info: ModelInfo, onnx_path: Path, tol: Tolerance = Tolerance
 
 
 def _session(info: ModelInfo, onnx_path: Path):
-    import onnxruntime as ort
+    from trt_seer.runtime.ort import create_session
 
     try:
-        return ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        return create_session(onnx_path)
     except Exception as e:  # an exported graph ONNX Runtime rejects (type or shape inference, kernels)
         raise ExportMismatchError(failure_line(info, "loading the exported graph in ONNX Runtime", e)) from e
 

@@ -155,9 +155,9 @@ def verify_decoder(step, shape: DecoderShape, onnx_path: Path, name: str, tol) -
     """ONNX Runtime vs PyTorch at VERIFY_CASES; ExportMismatchError above `tol` (a checkpoint.Tolerance).
 
     Returns {"cases": [[batch, seq, past], ...], "outputs": {"logits"|"present": {max_abs_diff, allowed}}}."""
-    import onnxruntime as ort
+    from trt_seer.runtime.ort import create_session
 
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    session = create_session(onnx_path)
     _, outputs = decoder_io(shape.num_layers)
     report = {"cases": [list(c) for c in VERIFY_CASES], "outputs": {}}
     for i, (batch, seq, past) in enumerate(VERIFY_CASES):
@@ -263,14 +263,11 @@ def compare_decoders(ref_path: Path, cand_path: Path, config: dict, kv_dtype=np.
     """A reduced-precision decoder against the FP32 one, each on its own cache: a left-padded
     prefill, then decode steps fed the reference's greedy tokens. Returns {"top1_agreement",
     "max_abs_diff", "logits_rms_error"} over every step's next-token logits."""
-    import onnxruntime as ort
+    from trt_seer.runtime.ort import create_session
 
     shape = decoder_shape(config)
     feeds = sample_feeds(shape, batch, prompt, 0, seed=3, pad_id=int(config.get("pad_token_id") or 0))
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    ref_s, cand_s = (ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
-                     for p in (ref_path, cand_path))
+    ref_s, cand_s = (create_session(p) for p in (ref_path, cand_path))
     ref, tokens = _session_steps(ref_s, shape, feeds, np.float32, steps)
     cand, _ = _session_steps(cand_s, shape, feeds, kv_dtype, steps, forced=tokens)
     return {"top1_agreement": float(np.mean(ref.argmax(-1) == cand.argmax(-1))),
