@@ -14,7 +14,6 @@ Verified with ONNX Runtime against PyTorch at shapes other than the traced one, 
 """
 from __future__ import annotations
 
-import logging
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import numpy as np
 
 from trt_seer.errors import ExportMismatchError
 from trt_seer.export import onnxio
+from trt_seer.logs import quieted
 from trt_seer.export.tolerance import Tolerance
 from trt_seer.decoder_io import PRESENT_PREFIX, decoder_io, position_ids
 from trt_seer.export.families import ModelInfo, num_layers
@@ -126,9 +126,8 @@ def _export(step, shape: DecoderShape, dest: Path) -> None:
     feeds = sample_feeds(shape, *TRACE_CASE, seed=1)
     args = tuple(torch.from_numpy(v) for v in feeds.values())
     inputs, outputs = decoder_io(shape.num_layers)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quieted("torch.onnx"):
         warnings.simplefilter("ignore")
-        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         program = torch.onnx.export(step, args, input_names=list(inputs), output_names=list(outputs),
                                     dynamic_shapes=_dynamic_shapes(shape), dynamo=True, opset_version=18,
                                     verbose=False)
