@@ -13,7 +13,7 @@ from trt_seer.engine import trt
 from trt_seer.engine.build import BuildSpec, cache_key
 from trt_seer.errors import ManifestMismatchError, UnsupportedError
 from trt_seer.export.families import ShapeProfile
-from trt_seer.runtime.engine import check_manifest
+from trt_seer.runtime.loader import check_manifest
 
 pytestmark = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
 
@@ -191,3 +191,24 @@ def test_build_gpu_recorded_in_targets():
         with pytest.raises(UnsupportedError, match=f"target '{mode}' ties the engine to the build GPU"):
             trt.with_build_gpu({"mode": mode, "compute_capabilities": []}, None)
 
+
+
+def test_tensorrt_log_goes_to_the_trt_seer_logger_not_stderr(caplog, capfd):
+    """TensorRT's messages reach `trt_seer.tensorrt` (errors also kept for one-line reasons); INFO
+    and VERBOSE only when verbose, at DEBUG; nothing is printed."""
+    import logging
+
+    flavor = trt.load()
+    severity = flavor.trt.ILogger.Severity
+    quiet, verbose = trt.logger(flavor), trt.logger(flavor, verbose=True)
+    with caplog.at_level(logging.DEBUG, logger="trt_seer.tensorrt"):
+        for lg in (quiet, verbose):
+            lg.log(severity.ERROR, "bad\nsecond line")
+            lg.log(severity.WARNING, "careful")
+            lg.log(severity.INFO, "fyi")
+    got = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
+    assert got == [("trt_seer.tensorrt", logging.ERROR, "[TensorRT] ERROR: bad\nsecond line"),
+                   ("trt_seer.tensorrt", logging.WARNING, "[TensorRT] WARNING: careful")] * 2 + [
+                   ("trt_seer.tensorrt", logging.DEBUG, "[TensorRT] INFO: fyi")]
+    assert quiet.errors == verbose.errors == ["bad\nsecond line"]
+    assert capfd.readouterr() == ("", "")

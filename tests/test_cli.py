@@ -3,11 +3,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from trt_seer.cli import SUBCOMMANDS, main
+from trt_seer.cli import main
 
 BLOCK_HEAVY = """
 import importlib.abc, sys

@@ -21,7 +21,7 @@ from trt_seer.engine import trt
 from trt_seer.cli import main
 from trt_seer.errors import InputError
 from trt_seer.export.families import resolve_model
-from trt_seer.quantize.layers import first_jumps, layer_error_profile, most_sensitive
+from trt_seer.eval.layers import first_jumps, layer_error_profile, most_sensitive
 from trt_seer.runtime import cuda
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -92,7 +92,7 @@ def test_decoder_export_with_kv_cache(tiny_checkpoint, tmp_path, model_type):
     import onnx
 
     from trt_seer.export import decoder
-    from trt_seer.export.families import decoder_io
+    from trt_seer.decoder_io import decoder_io
 
     info = resolve_model(tiny_checkpoint(model_type, "causal-lm"))
     shape = decoder.decoder_shape(info.config)

@@ -265,3 +265,28 @@ def test_generation_speed_of_an_onnx_runtime_step(artifacts):
     assert list(row["ttft_ms"]) == [8] and row["ttft_ms"][8] > 0
     text = table({"ort fp32": row}, spec, "ort fp32")
     assert "| ort fp32 |" in text and "1.00x" in text and "decode tok/s b2" in text
+
+
+def test_load_generator_takes_the_backend_and_options_of_load(artifacts, tmp_path):
+    """Same backend choice and options as runtime.load: ONNX Runtime options reach the session, unknown
+    options and a TensorRT backend for a graph are refused, and an engine no TensorRT runs here falls
+    back to its ONNX sibling with a warning."""
+    from trt_seer.errors import InputError
+    from trt_seer.runtime import tensorrt_unavailable_reason
+
+    fp32 = artifacts["llama"][1]
+    sampling = Sampling(max_new_tokens=4)
+    tuned = load_generator(fp32, "onnxruntime", threads=1, spinning=False)
+    assert tuned.step.session.get_session_options().intra_op_num_threads == 1
+    assert tuned.generate(["w5 w6"], sampling)[0].token_ids == load_generator(fp32).generate(["w5 w6"], sampling)[0].token_ids
+    with pytest.raises(InputError, match="unknown load option.*contexts_per_gpu"):
+        load_generator(fp32, contexts_per_gpu=2)
+    with pytest.raises(InputError, match="is an ONNX graph"):
+        load_generator(fp32, "tensorrt")
+    if tensorrt_unavailable_reason() is not None:
+        for suffix in (".onnx", ".onnx.json"):
+            (tmp_path / f"m.fp32{suffix}").write_bytes(fp32.with_name(fp32.name.removesuffix(".onnx") + suffix).read_bytes())
+        (tmp_path / "m.fp32.engine").write_bytes(b"not an engine")
+        with pytest.warns(RuntimeWarning, match="running m.fp32.onnx on ONNX Runtime .CPU. instead of m.fp32.engine"):
+            step = load_step(tmp_path / "m.fp32.engine", threads=1)
+        assert step.path == tmp_path / "m.fp32.onnx"

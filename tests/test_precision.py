@@ -76,7 +76,7 @@ def test_decoder_fp16_runs(tmp_path):
     info = resolve_model(make_tiny_checkpoint("llama", "causal-lm", tmp_path / "ckpt"))
     onnx_from_checkpoint(info, tmp_path / "l.fp32.onnx")
     from trt_seer.export.decoder import compare_decoders
-    from trt_seer.export.families import decoder_io
+    from trt_seer.decoder_io import decoder_io
     from trt_seer.export.precision import Fp16Spec
 
     kv = [n for n in sum(decoder_io(2), ()) if n.startswith(("past_", "present."))]

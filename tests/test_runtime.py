@@ -15,7 +15,7 @@ from trt_seer.engine import manifest
 from trt_seer.export import onnxio
 from trt_seer.errors import DependencyError, InputError, ManifestMismatchError
 from trt_seer.runtime import load, onnx_sibling, tensorrt_unavailable_reason
-from trt_seer.runtime.engine import check_manifest
+from trt_seer.runtime.loader import check_manifest
 from trt_seer.runtime.jit_cache import runtime_cache_path
 from trt_seer.runtime.io import IOSpec, specs_from_description, validate_feeds
 

@@ -1,6 +1,8 @@
 """The TensorRT backend's call path (engine.py, slot.py) on CPU: CUDA copies are real memory moves
 between numpy "host" and "device" arrays and the execution context computes from the memory it is
-bound to, so staging, binding, shape switches and copies back are checked without a GPU. Real
+bound to, so staging, binding, shape switches and copies back are checked without a GPU. With
+`CaptureRuntime`, stream capture records the context's launches (shapes and addresses frozen) and
+graph launches replay them, so the runtime's own CUDA-graph path (full TensorRT) runs too. Real
 kernels, streams and graphs are covered by test_runtime_gpu.py."""
 from __future__ import annotations
 
@@ -111,13 +113,30 @@ class Context:
         return True
 
     def execute_async_v3(self, stream):
-        shape = self.shapes["input_ids"]
-        ids = array_at(self.addresses["input_ids"], shape, np.int64)
-        mask = array_at(self.addresses["attention_mask"], shape, np.int64)
-        array_at(self.addresses["sum"], shape[:1], np.float32)[:] = (ids * mask).sum(1)
-        array_at(self.addresses["hidden"], shape + (HIDDEN,), np.float32)[:] = ids[..., None] + np.arange(HIDDEN)
-        self.runs += 1
+        capture = getattr(cuda.cudart(), "capturing", None)
+        if capture is not None:  # a graph freezes the shapes and addresses of its launch
+            shapes, addresses = dict(self.shapes), dict(self.addresses)
+            capture.append(lambda: self.compute(shapes, addresses))
+        else:
+            self.compute(self.shapes, self.addresses)
+            self.eager = getattr(self, "eager", 0) + 1
         return True
+
+    def is_stream_capturable(self, stream):
+        return True
+
+    def compute(self, shapes, addresses):
+        shape = shapes["input_ids"]
+        ids = array_at(addresses["input_ids"], shape, np.int64)
+        mask = array_at(addresses["attention_mask"], shape, np.int64)
+        array_at(addresses["sum"], shape[:1], np.float32)[:] = (ids * mask).sum(1)
+        array_at(addresses["hidden"], shape + (HIDDEN,), np.float32)[:] = ids[..., None] + np.arange(HIDDEN)
+        self.runs += 1
+
+
+def contexts(kind):
+    """A model's `new_context` making contexts of class `kind` (no runtime config, as TensorRT)."""
+    return lambda: (kind(), None)
 
 
 def expected(feeds):
@@ -126,11 +145,46 @@ def expected(feeds):
             "hidden": (ids[..., None] + np.arange(HIDDEN)).astype(np.float32)}
 
 
-@pytest.fixture(params=[True, False], ids=["timed", "untimed"])
-def model(monkeypatch, request):
-    rt = FakeRuntime()
+class CaptureRuntime(FakeRuntime):
+    """cudart with stream capture: between Begin- and EndCapture the context's enqueues are recorded
+    (with the shapes and addresses bound then, as a CUDA graph freezes them) instead of run;
+    cudaGraphLaunch replays them."""
+
+    cudaStreamCaptureMode = types.SimpleNamespace(cudaStreamCaptureModeThreadLocal=1)
+
+    def __init__(self):
+        super().__init__()
+        self.capturing, self.launches, self.destroyed = None, 0, []
+
+    def cudaStreamBeginCapture(self, stream, mode):
+        self.capturing = []
+        return (0,)
+
+    def cudaStreamEndCapture(self, stream):
+        work, self.capturing = tuple(self.capturing), None
+        return (0, work)
+
+    def cudaGraphInstantiate(self, graph, flags):
+        return (0, list(graph))
+
+    def cudaGraphLaunch(self, graph_exec, stream):
+        self.launches += 1
+        for work in graph_exec:
+            work()
+        return (0,)
+
+    def cudaGraphDestroy(self, graph):
+        return (0,)
+
+    def cudaGraphExecDestroy(self, graph_exec):
+        self.destroyed.append(graph_exec)
+        return (0,)
+
+
+def simulated_model(monkeypatch, rt, options, graph_mode):
+    """A TensorRTModel over the fake context, CUDA runtime and buffers above."""
     monkeypatch.setattr(cuda, "cudart", lambda: rt)
-    monkeypatch.setattr(cuda, "_memcpy_kind", lambda kind: kind)
+    monkeypatch.setattr(cuda, "memcpy_kind", lambda kind: kind)
     monkeypatch.setattr(cuda, "HostDeviceBuffer", Buffer)
     monkeypatch.setattr(cuda, "Stream", Handle)
     monkeypatch.setattr(cuda, "Event", Handle)
@@ -139,16 +193,29 @@ def model(monkeypatch, request):
     m.inputs = tuple(IOSpec(n, "int64", (-1, -1), token_axes((-1, -1)), (1, 1), (4, 8))
                      for n in ("input_ids", "attention_mask"))
     m.outputs = (IOSpec("hidden", "float32", (-1, -1, HIDDEN)), IOSpec("sum", "float32", (-1,)))
-    m.options, m.path = engine_mod.EngineOptions(time_gpu=request.param), types.SimpleNamespace(name="sim.engine")
-    m._graphs_ok, m.graph_mode, m.gpu = True, "runtime", types.SimpleNamespace(index=0)
-    m._new_context = Context
+    m.options, m.path = options, types.SimpleNamespace(name="sim.engine")
+    m._graphs_ok, m.graph_mode, m.gpu = True, graph_mode, types.SimpleNamespace(index=0)
+    m.new_context = contexts(Context)
     m._check_feeds = engine_mod.FeedCheck(m.inputs)
     m._jit_cache = types.SimpleNamespace(save=lambda: None)
-    m._configs = {}
-    m._slots = [slot_mod.Slot(m)]
-    m._pool = m._gate = slot_mod.SlotPool("sim.engine", m._slots)
+    m.pool = m._gate = slot_mod.SlotPool("sim.engine", [slot_mod.Slot(m)])
     m.rt = rt
     return m
+
+
+@pytest.fixture(params=[True, False], ids=["timed", "untimed"])
+def model(monkeypatch, request):
+    """The flavor replays graphs itself (TensorRT-RTX): every call enqueues the engine."""
+    return simulated_model(monkeypatch, FakeRuntime(), engine_mod.EngineOptions(time_gpu=request.param), "runtime")
+
+
+@pytest.fixture(params=[True, False], ids=["timed", "untimed"])
+def captured(monkeypatch, request):
+    """Full TensorRT: the runtime captures one CUDA graph per input shape and replays it."""
+    options = engine_mod.EngineOptions(time_gpu=request.param, max_graphs=2)
+    m = simulated_model(monkeypatch, CaptureRuntime(), options, "capture")
+    yield m
+    m.close()  # frees the graphs while the fake runtime is in place
 
 
 def feeds_of(batch, seq, seed):
@@ -160,7 +227,7 @@ def test_repeated_calls_take_the_plan_and_stay_right_across_shape_and_output_swi
     """A -> A -> B -> A with changing values and output selections: every result is right, and from the
     second call of a shape on, the call runs from the slot's plan (one staging copy in, one copy out
     per returned output)."""
-    slot = model._slots[0]
+    slot = model.pool.slots[0]
     calls = [((2, 5), None), ((2, 5), None), ((2, 5), ["sum"]), ((4, 8), ["sum"]), ((2, 5), ["sum"]),
              ((4, 8), ["hidden", "sum"]), ((1, 1), ["sum"]), ((4, 8), ["sum"])]
     for i, ((b, s), outputs) in enumerate(calls):
@@ -189,7 +256,7 @@ def test_results_are_the_callers_own_arrays(model):
 def test_out_buffers_device_outputs_and_gpu_inputs_mix_with_planned_calls(model):
     """Calls that bind caller memory go the general way and rebind; the planned call after them
     finds every tensor back in the slot's own buffers."""
-    slot = model._slots[0]
+    slot = model.pool.slots[0]
     feeds = feeds_of(2, 6, seed=3)
     want = expected(feeds)
     model.infer(feeds)
@@ -232,7 +299,7 @@ def test_bad_feeds_after_planned_calls_fail_and_leave_the_slot_usable(model):
     with pytest.raises(engine_mod.InputError, match="outside the profile"):
         model.infer(feeds_of(5, 3, seed=6))
     np.testing.assert_array_equal(model.infer(good)["sum"], expected(good)["sum"])
-    assert model._pool._free == model._slots
+    assert all(model.pool.is_free(s) for s in model.pool.slots)
 
 
 def waits_for(fn, go, busy) -> None:
@@ -254,7 +321,7 @@ def test_prepared_call_runs_on_its_own_context_with_one_copy_each_way(model):
     """prepare() adds a context outside the pool: runs give the right results with one staging copy in
     and one copy out per returned output, and plain calls keep using the pool meanwhile."""
     call = model.prepare({"input_ids": (3, 4), "attention_mask": (3, 4)}, outputs=["sum"])
-    assert call.slot in model._slots and call.slot not in model._pool._free and len(model._slots) == 2
+    assert call.slot in model.pool.slots and not model.pool.is_free(call.slot) and len(model.pool.slots) == 2
     for seed in range(3):
         feeds = feeds_of(3, 4, seed=seed)
         model.rt.copies.clear()
@@ -265,7 +332,7 @@ def test_prepared_call_runs_on_its_own_context_with_one_copy_each_way(model):
         assert model.last_gpu_ms == (0.25 if model.options.time_gpu else None)
         other = feeds_of(2, 5, seed=10 + seed)
         np.testing.assert_array_equal(model.infer(other)["hidden"], expected(other)["hidden"])
-    assert call.slot.context.runs == 3 and model._slots[0].context.runs == 3
+    assert call.slot.context.runs == 3 and model.pool.slots[0].context.runs == 3
     direct = feeds_of(3, 4, seed=7)  # written straight into the staging places, run() with no feeds
     for name, value in direct.items():
         call.inputs[name][...] = value
@@ -284,7 +351,7 @@ def test_prepared_call_refuses_other_feeds_without_touching_its_inputs(model):
         np.testing.assert_array_equal(call.inputs[name], value)
     with pytest.raises(engine_mod.InputError, match="outside the profile"):
         model.prepare({"input_ids": (5, 3), "attention_mask": (5, 3)})
-    assert len(model._slots) == 2  # the refused prepare made no context
+    assert len(model.pool.slots) == 2  # the refused prepare made no context
 
 
 def test_prepared_call_close_and_model_close_free_its_context_once(model):
@@ -292,7 +359,7 @@ def test_prepared_call_close_and_model_close_free_its_context_once(model):
     second = model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)}, outputs="sum")
     first.close()
     first.close()
-    assert first.slot not in model._slots and first.slot.context is None
+    assert first.slot not in model.pool.slots and first.slot.context is None
     with pytest.raises(engine_mod.InputError, match="this prepared call is closed"):
         first.run(feeds_of(1, 2, seed=0))
     model.close()
@@ -316,7 +383,7 @@ def test_a_dropped_prepared_call_frees_its_context(model):
     assert list(call.run(feeds_of(1, 2, seed=1))) == ["sum"]
     del call
     gc.collect()
-    assert slot not in model._slots and slot.context is None and slot.staging.closes == 1
+    assert slot not in model.pool.slots and slot.context is None and slot.staging.closes == 1
 
 
 def test_prepare_and_close_from_two_threads_never_leave_a_half_made_context(model):
@@ -332,13 +399,13 @@ def test_prepare_and_close_from_two_threads_never_leave_a_half_made_context(mode
             made.set()
             go.wait(5)
 
-    model._new_context = SlowContext
+    model.new_context = contexts(SlowContext)
     prepared = []
     maker = threading.Thread(target=lambda: prepared.append(model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)})))
     maker.start()
     assert made.wait(5)
     waits_for(model.close, go, maker)  # close() waits for the prepare inside
-    assert prepared[0].slot.context is None and not model._slots
+    assert prepared[0].slot.context is None and not model.pool.slots
     with pytest.raises(engine_mod.InputError, match="is closed"):
         prepared[0].run(feeds_of(1, 2, seed=0))
 
@@ -350,11 +417,11 @@ def test_a_prepare_that_fails_after_making_its_context_frees_it(model, monkeypat
 
     closed, close = [], slot_mod.Slot.close
     monkeypatch.setattr(slot_mod.Slot, "close", lambda slot: (closed.append(slot), close(slot)))
-    model._new_context = PickyContext
-    before = list(model._slots)
+    model.new_context = contexts(PickyContext)
+    before = list(model.pool.slots)
     with pytest.raises(engine_mod.InputError, match="TensorRT rejected shape"):
         model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)})
-    assert model._slots == before and model._pool.inside == 0
+    assert model.pool.slots == before and model.pool.inside == 0
     assert len(closed) == 1 and isinstance(closed[0].staging, Buffer) and closed[0].staging.closes == 1
 
 
@@ -370,7 +437,7 @@ def test_prepared_call_runs_one_thread_at_a_time(model):
             go.wait(5)
             return super().execute_async_v3(stream)
 
-    model._new_context = SlowContext  # the prepared call's own context
+    model.new_context = contexts(SlowContext)  # the prepared call's own context
     call = model.prepare({"input_ids": (1, 2), "attention_mask": (1, 2)}, outputs="sum")
     feeds = feeds_of(1, 2, seed=3)
     results = []
@@ -381,7 +448,7 @@ def test_prepared_call_runs_one_thread_at_a_time(model):
         call.run(feeds)
     waits_for(call.close, go, worker)  # close() waits for the run inside
     np.testing.assert_array_equal(results[0], expected(feeds)["sum"])
-    assert call.closed and call.slot not in model._slots
+    assert call.closed and call.slot not in model.pool.slots
 
 
 class AllocRuntime:
@@ -438,7 +505,7 @@ def test_a_failed_prepared_run_raises_the_engines_reason_and_the_call_stays_usab
                 return False
             return super().execute_async_v3(stream)
 
-    model._new_context = FlakyContext
+    model.new_context = contexts(FlakyContext)
     model._logger = types.SimpleNamespace(errors=["IExecutionContext::enqueueV3: out of memory"])
     call = model.prepare({"input_ids": (2, 2), "attention_mask": (2, 2)}, outputs=["sum"])
     feeds = feeds_of(2, 2, seed=4)
@@ -446,7 +513,7 @@ def test_a_failed_prepared_run_raises_the_engines_reason_and_the_call_stays_usab
         call.run(feeds)
     fail.append(False)
     np.testing.assert_array_equal(call.run(feeds)["sum"], expected(feeds)["sum"])
-    assert model._pool.inside == 0
+    assert model.pool.inside == 0
 
 
 def test_big_endian_feeds_reach_the_engine_as_numbers(model):
@@ -456,3 +523,47 @@ def test_big_endian_feeds_reach_the_engine_as_numbers(model):
         np.testing.assert_array_equal(model.infer(swapped)["sum"], expected(feeds)["sum"])
     call = model.prepare({"input_ids": (2, 3), "attention_mask": (2, 3)}, outputs="sum")
     np.testing.assert_array_equal(call.run(swapped)["sum"], expected(feeds)["sum"])
+
+
+def test_capture_mode_replays_one_graph_per_shape_once_the_context_is_in_its_state(captured):
+    """graph_mode "capture": the first call of a shape runs eagerly and captures it; later calls of
+    that shape replay the graph (the new inputs staged where the graph reads them); after a shape
+    switch, one eager enqueue comes before a replay; calls binding caller memory never replay; the
+    least recently used graph goes past max_graphs."""
+    slot, rt = captured.pool.slots[0], captured.rt
+    runs = [((2, 5), None, 1, 0), ((2, 5), None, 0, 1), ((2, 5), ["sum"], 0, 1),  # (shape, outputs, eager, replays)
+            ((3, 4), ["sum"], 1, 0), ((3, 4), None, 0, 1), ((2, 5), ["sum"], 1, 0), ((2, 5), ["hidden"], 0, 1)]
+    for i, ((b, s), outputs, eager, replays) in enumerate(runs):
+        before = (getattr(slot.context, "eager", 0), rt.launches)
+        feeds = feeds_of(b, s, seed=20 + i)
+        got = captured.infer(feeds, outputs=outputs)
+        for name, value in got.items():
+            np.testing.assert_array_equal(value, expected(feeds)[name], err_msg=f"call {i} {name}")
+        assert (slot.context.eager - before[0], rt.launches - before[1]) == (eager, replays), i
+    assert set(slot.graphs) == {((2, 5),) * 2, ((3, 4),) * 2} and not rt.destroyed
+
+    feeds = feeds_of(2, 5, seed=40)
+    dev = np.zeros(2, np.float32)
+    launches = rt.launches
+    captured.infer(feeds, outputs=["sum"], out={"sum": DeviceTensor(dev.ctypes.data, (2,), np.dtype(np.float32), 0, None, dev)})
+    np.testing.assert_array_equal(dev, expected(feeds)["sum"])
+    assert rt.launches == launches  # bound to caller memory: eager, the graph's addresses are not these
+    for _ in range(2):  # back in its own buffers: one eager enqueue, then replays again
+        np.testing.assert_array_equal(captured.infer(feeds, outputs=["sum"])["sum"], expected(feeds)["sum"])
+    assert rt.launches == launches + 1
+
+    captured.infer(feeds_of(1, 1, seed=41))  # a third shape: the least recently used graph goes
+    assert set(slot.graphs) == {((2, 5),) * 2, ((1, 1),) * 2} and len(rt.destroyed) == 1
+
+
+def test_capture_mode_async_calls_and_prepared_calls_replay_too(captured):
+    """infer_async and a prepared call take the same capture path and give the right results."""
+    for seed in range(3):
+        feeds = feeds_of(3, 2, seed=50 + seed)
+        np.testing.assert_array_equal(captured.infer_async(feeds).result()["hidden"], expected(feeds)["hidden"])
+    call = captured.prepare({"input_ids": (2, 2), "attention_mask": (2, 2)}, outputs=["sum"])
+    launches = captured.rt.launches
+    for seed in range(3):
+        feeds = feeds_of(2, 2, seed=60 + seed)
+        np.testing.assert_array_equal(call.run(feeds)["sum"], expected(feeds)["sum"])
+    assert captured.rt.launches == launches + 2 and call.slot.context.eager == 1

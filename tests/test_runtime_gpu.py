@@ -254,7 +254,7 @@ def test_zero_copy_from_torch_cuda_tensors(engines, torch_cuda):
         ref = m.infer(feeds)
         on_gpu = {k: torch.from_numpy(v).cuda() for k, v in feeds.items()}
         got = m.infer(on_gpu)
-        slot = m._slots[0]
+        slot = m.pool.slots[0]
         assert slot.addresses["input_ids"] == on_gpu["input_ids"].data_ptr()  # bound, not copied
         np.testing.assert_array_equal(got["sentence_embedding"], ref["sentence_embedding"])
         side = torch.cuda.Stream()
@@ -277,7 +277,7 @@ def test_cuda_graphs_replay_per_shape_bucket(engines):
             feeds = feeds_for(ckpt, 2, 16, seed=seed)
             assert_close(g.infer(feeds)["sentence_embedding"], e.infer(feeds)["sentence_embedding"], 2e-3,
                          f"graph replay {seed}")
-        slot = g._slots[0]
+        slot = g.pool.slots[0]
         assert g._graphs_ok, "capture failed"
         feeds = feeds_for(ckpt, 3, 9, seed=9)
         g.infer(feeds)
@@ -303,7 +303,7 @@ def test_cuda_graphs_are_on_by_default_and_right_across_shape_switches(engines):
                 assert_close(got[name], want[name], 2e-3, f"call {i} ({b}x{s}) {name}")
         assert g._graphs_ok, "capture failed"
         if g.graph_mode == "capture":
-            assert set(g._slots[0].graphs) == {((2, 16),) * 3, ((5, 9),) * 3}
+            assert set(g.pool.slots[0].graphs) == {((2, 16),) * 3, ((5, 9),) * 3}
 
 
 @needs_trt
@@ -347,7 +347,7 @@ def test_prepared_calls_match_infer_on_their_own_context(engines, timed):
         large.close()
         feeds = feeds_for(ckpt, 2, 16, seed=70)
         assert_close(small.run(feeds)["sentence_embedding"], m.infer(feeds)["sentence_embedding"], 2e-3, "after close")
-        assert large.slot.context is None and large.slot not in m._slots
+        assert large.slot.context is None and large.slot not in m.pool.slots
         kept, want = small.run(feeds)["sentence_embedding"], m.infer(feeds)["sentence_embedding"]
     assert_close(kept, want, 2e-3, "a result read after the model closed")  # its pinned memory is still held
     with pytest.raises(InputError, match="is closed"):
@@ -383,7 +383,7 @@ def test_device_outputs_are_the_runtimes_own_buffers(engines, torch_cuda):
         dev = m.infer(feeds, outputs=["sentence_embedding"], device_outputs=True)["sentence_embedding"]
         cai = dev.__cuda_array_interface__
         assert cai["shape"] == (3, 32) and cai["typestr"] == "<f4"
-        assert cai["data"][0] == m._slots[0].outputs["sentence_embedding"].device_ptr  # no copy
+        assert cai["data"][0] == m.pool.slots[0].outputs["sentence_embedding"].device_ptr  # no copy
         t = torch.as_tensor(dev, device="cuda")
         np.testing.assert_array_equal(t.cpu().numpy(), ref["sentence_embedding"])
         back = m.infer({k: torch.from_numpy(v).cuda() for k, v in feeds.items()}, device_outputs=True)
@@ -402,7 +402,7 @@ def test_caller_device_buffers_are_written_directly(engines, torch_cuda, graphs)
             feeds = feeds_for(ckpt, b, s, seed=30 + seed)
             want = m.infer(feeds)["sentence_embedding"]  # own buffers (graph replay when on)
             got = m.infer(feeds, outputs=["sentence_embedding"], out={"sentence_embedding": emb})
-            assert m._slots[0].addresses["sentence_embedding"] == emb.data_ptr()  # bound, not copied
+            assert m.pool.slots[0].addresses["sentence_embedding"] == emb.data_ptr()  # bound, not copied
             assert tuple(got["sentence_embedding"].shape) == (b, 32)
             np.testing.assert_array_equal(emb[:b].cpu().numpy(), want)
             emb.fill_(-1.0)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pathlib import Path
 
 from trt_seer import __version__
 from trt_seer.engine import manifest

@@ -47,7 +47,7 @@ def run(args) -> int:
         raise InputError("nothing to generate from: pass --prompt TEXT or --file PATH")
     texts = read_texts(args)
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
-    generator = load_generator(args.artifact, args.threads, args.tokenizer)
+    generator = load_generator(args.artifact, tokenizer_dir=args.tokenizer, threads=args.threads)
     if args.stream:
         return _stream(generator, texts, sampling, args.json)
     results = generator.generate(texts, sampling)

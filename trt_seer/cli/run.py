@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from trt_seer.errors import InputError, UnsupportedError
+from trt_seer.tokenizer import load_tokenizer
 
 log = logging.getLogger("trt_seer")
 DEFAULT_MAX_LENGTH = 512
@@ -61,15 +62,6 @@ def tokenizer_dir(args, record: dict | None) -> Path:
         raise InputError(f"{Path(args.artifact).name} has no manifest naming its checkpoint; "
                          "pass --tokenizer DIR (a directory with tokenizer.json)")
     return Path(checkpoint)
-
-
-def load_tokenizer(directory: Path):
-    from trt_seer.data import tokenizer_from_file
-
-    path = Path(directory) / "tokenizer.json"
-    if not path.is_file():
-        raise InputError(f"no tokenizer.json in {directory}; pass --tokenizer DIR")
-    return tokenizer_from_file(path)
 
 
 
@@ -140,9 +132,7 @@ def run(args) -> int:
             raise UnsupportedError(f"{Path(args.artifact).name} is a causal-lm artifact (a KV-cache "
                                    "decoder); run it with `trt-seer generate`")
         tok_dir = tokenizer_dir(args, record)
-        tokenizer = load_tokenizer(tok_dir)
-        tokenizer.no_padding()
-        tokenizer.enable_truncation(seq_limits(model)[1])
+        tokenizer = load_tokenizer(tok_dir, seq_limits(model)[1], "pass --tokenizer DIR")
         ids = [e.ids for e in tokenizer.encode_batch(texts)]
         task = record.get("task") or _guess_task(model.output_names)
         labels = _labels(tok_dir)

@@ -14,6 +14,7 @@ import numpy as np
 
 from trt_seer.errors import InputError
 from trt_seer.export.families import ModelInfo, ShapeProfile
+from trt_seer.tokenizer import load_tokenizer
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when running from one
 
@@ -98,28 +99,8 @@ class Tokenizer:
     path: Path
 
     def encode(self, texts: list[str], max_len: int) -> list[list[int]]:
-        tok = _load_tokenizer(self.path)
-        tok.no_padding()
-        tok.enable_truncation(max_len)
+        tok = load_tokenizer(self.path, max_len, "text data needs the model's fast tokenizer")
         return [e.ids for e in tok.encode_batch(texts)]
-
-
-def _load_tokenizer(ckpt: Path):
-    path = Path(ckpt) / "tokenizer.json"
-    if not path.is_file():
-        raise InputError(f"no tokenizer.json in {ckpt}; text data needs the model's fast tokenizer")
-    return tokenizer_from_file(path)
-
-
-def tokenizer_from_file(path: Path):
-    """A `tokenizers.Tokenizer` from `path`; InputError when the file is not one (the tokenizers
-    package raises a bare Exception for every parse error, so nothing narrower can be caught)."""
-    from tokenizers import Tokenizer as HFTokenizer
-
-    try:
-        return HFTokenizer.from_file(str(path))
-    except Exception as e:
-        raise InputError(f"{path} is not a usable tokenizer.json: {str(e).strip() or type(e).__name__}") from e
 
 
 def pad_batch(ids: list[list[int]], inputs: tuple[str, ...], seq: int, pad_id: int = 0) -> dict[str, np.ndarray]:

@@ -11,10 +11,10 @@ Plain functions over TensorRT's network description; no TensorRT import of their
 """
 from __future__ import annotations
 
+from trt_seer.decoder_io import PAST_PREFIX
 from trt_seer.errors import BuildError, InputError
 from trt_seer.export.families import ShapeProfile
 
-PAST_PREFIX = "past_key_values."
 DECODE, PREFILL = "decode", "prefill"
 
 

@@ -11,7 +11,6 @@ import functools
 import logging
 import importlib
 import os
-import sys
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -98,21 +97,26 @@ def available() -> bool:
 
 
 def logger(flavor: Flavor, verbose: bool = False):
-    """A TensorRT logger that prints at WARNING (VERBOSE with -v) and keeps the errors, so a
-    failed build can say why in one line."""
+    """A TensorRT logger that keeps the errors, so a failed build can say why in one line, and
+    passes TensorRT's messages to the `trt_seer.tensorrt` logger: errors and warnings at their level,
+    INFO and VERBOSE at DEBUG and only when `verbose` (the builder's VERBOSE log is large). Whether
+    and where they show is the application's choice (the CLI shows WARNING, DEBUG with -v)."""
     trt = flavor.trt
-    threshold = trt.ILogger.Severity.VERBOSE if verbose else trt.ILogger.Severity.WARNING
+    severity = trt.ILogger.Severity
+    threshold = severity.VERBOSE if verbose else severity.WARNING
+    levels = {severity.INTERNAL_ERROR: logging.CRITICAL, severity.ERROR: logging.ERROR, severity.WARNING: logging.WARNING}
+    out = logging.getLogger("trt_seer.tensorrt")
 
     class _Logger(trt.ILogger):
         def __init__(self):
             trt.ILogger.__init__(self)
             self.errors: list[str] = []
 
-        def log(self, severity, msg):
-            if severity <= trt.ILogger.Severity.ERROR:
+        def log(self, sev, msg):
+            if sev <= severity.ERROR:
                 self.errors.append(msg)
-            if severity <= threshold and "BuildCanceled" not in msg:  # Ctrl-C: the CLI says "interrupted"
-                print(f"[TensorRT] {severity.name}: {msg}", file=sys.stderr)
+            if sev <= threshold and "BuildCanceled" not in msg:  # Ctrl-C: the CLI says "interrupted"
+                out.log(levels.get(sev, logging.DEBUG), "[TensorRT] %s: %s", sev.name, msg)
 
     return _Logger()
 

@@ -165,7 +165,7 @@ def output_stats(name: str, refs: list, cands: list, batches: list[dict]) -> tup
 
 
 def task_gate(task: str, metrics: dict, precision: str) -> dict:
-    from trt_seer.quantize.int8 import Gate
+    from trt_seer.eval.gate import Gate
 
     gate = Gate()
     failures = gate.check(task, metrics)
@@ -215,7 +215,7 @@ def _layer_pair(result: DiffResult) -> tuple[tuple[Path, Path] | None, str | Non
 
 def profile_layers(result: DiffResult, spec: DiffSpec) -> None:
     """The per-layer error profile of the ONNX candidate (on by default for INT8)."""
-    from trt_seer.quantize.layers import layer_error_profile
+    from trt_seer.eval.layers import layer_error_profile
 
     if not (spec.layers if spec.layers is not None else result.target.precision == "int8"):
         return

@@ -51,12 +51,9 @@ def eval_batches(info: ModelInfo, spec: EvalSpec = EvalSpec(), texts: list[str] 
 
 
 def session(path, threads: int = 0):
-    import onnxruntime as ort
+    from trt_seer.runtime.ort import OrtOptions, create_session
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.log_severity_level = 3
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return create_session(path, OrtOptions(threads=threads))
 
 
 def run_batches(sess, batches: list[dict]) -> list[dict[str, np.ndarray]]:

@@ -175,7 +175,7 @@ def engine_unavailable_reason(engine_manifest: dict) -> str | None:
     from trt_seer.engine import trt
     from trt_seer.errors import ManifestMismatchError
     from trt_seer.runtime import cuda
-    from trt_seer.runtime.engine import check_manifest
+    from trt_seer.runtime.loader import check_manifest
 
     reason = runtime.tensorrt_unavailable_reason()
     if reason:

@@ -98,7 +98,7 @@ def format_table(result: DiffResult) -> str:
         for f in c["task_gate"]["failures"] if c["task_gate"]["gating"] else []:
             lines.append(f"{c['candidate']}: task gate failed: {f}")
     if result.layers:
-        from trt_seer.quantize.layers import first_jumps
+        from trt_seer.eval.layers import first_jumps
 
         jumps = first_jumps(result.layers)
         lines.append("per-layer error: first jumps at " + (", ".join(
@@ -216,7 +216,7 @@ def plot_layers(result: DiffResult, out: Path) -> str | None:
     """layer_profile.png: relative error per MatMul/Gemm layer and the error each one adds."""
     if not result.layers:
         return None
-    from trt_seer.quantize.layers import first_jumps
+    from trt_seer.eval.layers import first_jumps
 
     x = np.arange(len(result.layers))
     fig, ax = _figure(max(7.0, len(x) * 0.12), 4.0)
@@ -232,7 +232,7 @@ def plot_layers(result: DiffResult, out: Path) -> str | None:
 
 
 def report_json(result: DiffResult, files: dict, commands: list[str]) -> dict:
-    from trt_seer.quantize.layers import first_jumps
+    from trt_seer.eval.layers import first_jumps
 
     t = result.target
     layers = None if result.layers is None else {

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from trt_seer.decoder_io import PAST_PREFIX as PAST, empty_cache, position_ids
 from trt_seer.errors import InputError
 
-PAST = "past_key_values."
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -54,11 +54,6 @@ def has_cache(path: Path) -> bool:
     return any(a.name.startswith(PAST) for a in graph_inputs(path))
 
 
-def position_ids(mask: np.ndarray) -> np.ndarray:
-    """cumsum(mask) - 1, clipped at 0: positions that left padding does not shift."""
-    return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
-
-
 def decoder_step(path: Path, max_total: int = 1 << 20):
     """The runtime's ONNX Runtime DecoderStep over a KV-cache graph, its cache layout read from the
     graph's own inputs (a candidate graph in a gate has no record beside it)."""
@@ -78,7 +73,7 @@ def empty_past(arg, batch: int) -> np.ndarray:
     heads, dim = arg.shape[1], arg.shape[3]
     if not isinstance(heads, int) or not isinstance(dim, int):
         raise InputError(f"input {arg.name} has symbolic heads/head_dim {arg.shape}; expected numbers")
-    return np.zeros((batch, heads, 0, dim), dtype=_NP.get(arg.type, np.float32))
+    return empty_cache(batch, heads, dim, _NP.get(arg.type, np.float32))
 
 
 def prefill_feeds(sess_inputs, feeds: dict) -> dict:

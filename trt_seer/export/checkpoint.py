@@ -10,7 +10,6 @@ differ from the traced one, padding included.
 """
 from __future__ import annotations
 
-import logging
 import re
 import warnings
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from trt_seer.export import onnxio
+from trt_seer.logs import quieted
 from trt_seer.export.tolerance import Tolerance  # noqa: F401  (export API: checkpoint.Tolerance)
 from trt_seer.errors import ExportMismatchError, InputError, UnsupportedError
 from trt_seer.export.families import TASKS, ModelInfo
@@ -145,9 +145,8 @@ def _export(wrapped, info: ModelInfo, dest: Path) -> None:
 
     feeds = sample_inputs(info, *TRACE_SHAPE, seed=1)
     args = tuple(torch.from_numpy(v) for v in feeds.values())
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quieted("torch.onnx"):
         warnings.simplefilter("ignore")
-        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         try:
             program = torch.onnx.export(
                 wrapped, args, input_names=list(info.inputs), output_names=list(info.outputs),
@@ -191,10 +190,10 @@ def verify(wrapped, info: ModelInfo, onnx_path: Path, tol: Tolerance = Tolerance
 
 
 def _session(info: ModelInfo, onnx_path: Path):
-    import onnxruntime as ort
+    from trt_seer.runtime.ort import create_session
 
     try:
-        return ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        return create_session(onnx_path)
     except Exception as e:  # an exported graph ONNX Runtime rejects (type or shape inference, kernels)
         raise ExportMismatchError(failure_line(info, "loading the exported graph in ONNX Runtime", e)) from e
 

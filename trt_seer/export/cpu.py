@@ -27,6 +27,7 @@ from trt_seer.errors import ExportMismatchError, UnsupportedError
 from trt_seer.export import onnxio
 from trt_seer.export.checkpoint import Tolerance, VERIFY_SHAPES, defined_values, sample_inputs
 from trt_seer.export.families import ModelInfo
+from trt_seer.logs import quieted  # the fusion libraries log expected fallbacks at WARNING
 
 log = logging.getLogger(__name__)
 FUSED_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention", "SkipLayerNormalization",
@@ -42,19 +43,6 @@ def fused_ops(model) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-@contextlib.contextmanager
-def _quiet(name: str | None):
-    """Raises logger `name` (None: the root logger) to ERROR for the block: the fusion libraries
-    log expected fallbacks (shape inference, folding skipped) at WARNING."""
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def _onnxscript_fusions(src: Path):
     """onnxscript's ORT fusions, then constant folding (packs QKV weights that the fusion concats)."""
     import onnxscript.optimizer
@@ -65,7 +53,7 @@ def _onnxscript_fusions(src: Path):
     except ImportError as e:
         raise UnsupportedError(f"this onnxscript has no ONNX Runtime fusions ({e}); pip install -U onnxscript") from e
 
-    with _quiet("onnxscript"):
+    with quieted("onnxscript"):
         model, _ = optimize_for_ort(ir.load(str(src)))
         onnxscript.optimizer.fold_constants(model, input_size_limit=1 << 31, output_size_limit=1 << 31)
     ir.passes.common.RemoveUnusedNodesPass()(model)
@@ -124,7 +112,7 @@ def _ort_optimizer(model, info: ModelInfo):
         return model
     said = io.StringIO()
     try:
-        with _quiet(None), contextlib.redirect_stdout(said):  # it logs on the root logger and prints
+        with quieted(None), contextlib.redirect_stdout(said):  # it logs on the root logger and prints
             return optimize_by_fusion(model, model_type=model_type, num_heads=0, hidden_size=0).model
     finally:
         log.debug("onnxruntime.transformers.optimizer: %s", said.getvalue().strip())

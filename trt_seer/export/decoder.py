@@ -14,7 +14,6 @@ Verified with ONNX Runtime against PyTorch at shapes other than the traced one, 
 """
 from __future__ import annotations
 
-import logging
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -24,8 +23,10 @@ import numpy as np
 
 from trt_seer.errors import ExportMismatchError
 from trt_seer.export import onnxio
+from trt_seer.logs import quieted
 from trt_seer.export.tolerance import Tolerance
-from trt_seer.export.families import ModelInfo, decoder_io, num_layers
+from trt_seer.decoder_io import PRESENT_PREFIX, decoder_io, position_ids
+from trt_seer.export.families import ModelInfo, num_layers
 
 TRACE_CASE = (2, 5, 3)  # (batch, seq, past_seq) used for tracing; no axis of size 0 or 1
 VERIFY_CASES = ((3, 7, 0), (2, 1, 9), (1, 4, 6), (4, 1, 0))  # prefill, decode, chunked prefill
@@ -94,11 +95,6 @@ def wrap_decoder(model, shape: DecoderShape):
     return Step().eval()
 
 
-def position_ids(mask: np.ndarray, seq: int) -> np.ndarray:
-    """Positions of the last `seq` tokens, counting real tokens only (left padding safe)."""
-    return np.clip(np.cumsum(mask, axis=1) - 1, 0, None)[:, -seq:].astype(np.int64)
-
-
 def sample_feeds(shape: DecoderShape, batch: int, seq: int, past: int, seed: int = 0,
                  pad_id: int = 0, kv_dtype=np.float32) -> dict[str, np.ndarray]:
     """Random ids and cache; from batch 2 the last row is left-padded (over the past when there is one)."""
@@ -130,9 +126,8 @@ def _export(step, shape: DecoderShape, dest: Path, kv_dtype=np.float32, external
     feeds = sample_feeds(shape, *TRACE_CASE, seed=1, kv_dtype=kv_dtype)
     args = tuple(torch.from_numpy(v) for v in feeds.values())
     inputs, outputs = decoder_io(shape.num_layers)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quieted("torch.onnx"):
         warnings.simplefilter("ignore")
-        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         program = torch.onnx.export(step, args, input_names=list(inputs), output_names=list(outputs),
                                     dynamic_shapes=_dynamic_shapes(shape), dynamo=True, opset_version=18,
                                     verbose=False)
@@ -165,11 +160,9 @@ def verify_decoder(step, shape: DecoderShape, onnx_path: Path, name: str, tol, k
 
 def compare_cases(cases: list[dict], refs: list[list], shape: DecoderShape, onnx_path: Path, name: str, tol) -> dict:
     """ONNX Runtime's outputs on each feed of `cases` against `refs` (PyTorch's, computed before)."""
-    import onnxruntime as ort
+    from trt_seer.runtime.ort import create_session
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    session = create_session(onnx_path)
     _, outputs = decoder_io(shape.num_layers)
     report = {"cases": [list(c) for c in VERIFY_CASES], "outputs": {}}
     for (batch, seq, past), feeds, ref in zip(VERIFY_CASES, cases, refs):
@@ -178,7 +171,7 @@ def compare_cases(cases: list[dict], refs: list[list], shape: DecoderShape, onnx
             where = f"{out} at batch={batch} seq={seq} past={past}"
             if g.shape != r.shape:
                 raise ExportMismatchError(f"ONNX output {where} has shape {g.shape}, PyTorch {r.shape}")
-            if out.startswith("present.") and g.shape[2] != past + seq:
+            if out.startswith(PRESENT_PREFIX) and g.shape[2] != past + seq:
                 raise ExportMismatchError(f"{where} holds {g.shape[2]} positions, not past + seq = {past + seq}: "
                                           "the past keys/values did not reach the model")
             g, r = defined(out, g, feeds["attention_mask"]), defined(out, r, feeds["attention_mask"])
@@ -306,14 +299,11 @@ def compare_decoders(ref_path: Path, cand_path: Path, config: dict, kv_dtype=np.
     """A reduced-precision decoder against the FP32 one, each on its own cache: a left-padded
     prefill, then decode steps fed the reference's greedy tokens. Returns {"top1_agreement",
     "max_abs_diff", "logits_rms_error"} over every step's next-token logits."""
-    import onnxruntime as ort
+    from trt_seer.runtime.ort import create_session
 
     shape = decoder_shape(config)
     feeds = sample_feeds(shape, batch, prompt, 0, seed=3, pad_id=int(config.get("pad_token_id") or 0))
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    ref_s, cand_s = (ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
-                     for p in (ref_path, cand_path))
+    ref_s, cand_s = (create_session(p) for p in (ref_path, cand_path))
     ref, tokens = _session_steps(ref_s, shape, feeds, np.float32, steps)
     cand, _ = _session_steps(cand_s, shape, feeds, kv_dtype, steps, forced=tokens)
     return {"top1_agreement": float(np.mean(ref.argmax(-1) == cand.argmax(-1))),

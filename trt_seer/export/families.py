@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from trt_seer.decoder_io import TOKEN_AXES
 from trt_seer.errors import InputError, UnsupportedError
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -46,7 +47,6 @@ TESTED_FAMILIES = (
     "gpt2", "llama", "qwen2", "mistral", "qwen3", "gemma", "phi3", "gpt_neox", "opt", "stablelm",
 )
 
-TOKEN_AXES = {0: "batch", 1: "seq"}
 TASKS: dict[str, TaskSpec] = {
     "feature-extraction": TaskSpec(
         "AutoModel", "MODEL_MAPPING_NAMES", {"last_hidden_state": TOKEN_AXES, "sentence_embedding": {0: "batch"}}
@@ -56,16 +56,6 @@ TASKS: dict[str, TaskSpec] = {
     # logits of the last position only; the KV-cache I/O (decoder_io) follows from the layer count
     "causal-lm": TaskSpec("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", {"logits": {0: "batch"}}),
 }
-KV_KINDS = ("key", "value")
-
-
-def decoder_io(num_layers: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(inputs, outputs) of a causal-LM graph with a KV cache, in graph order."""
-    past = tuple(f"past_key_values.{i}.{k}" for i in range(num_layers) for k in KV_KINDS)
-    present = tuple(f"present.{i}.{k}" for i in range(num_layers) for k in KV_KINDS)
-    return ("input_ids", "attention_mask", "position_ids") + past, ("logits",) + present
-
-
 def num_layers(config: dict) -> int:
     return int(config.get("num_hidden_layers") or config["n_layer"])
 

@@ -18,6 +18,7 @@ from trt_seer import __version__
 from trt_seer.errors import InputError, UnsupportedError
 from trt_seer.export.families import ModelInfo, max_positions, resolve_model
 from trt_seer.files import atomic_write_json
+from trt_seer.logs import quieted
 
 TRAINING_FILE = "training.json"
 
@@ -104,14 +105,10 @@ def load_model(info: ModelInfo, labels: tuple[str, ...], pad_id: int, seed: int)
     from trt_seer.export.checkpoint import from_pretrained
 
     torch.manual_seed(seed)  # the new head's initial weights
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # "newly initialized weights": expected, we train them
-    try:
+    with quieted("transformers"):  # "newly initialized weights": expected, we train them
         model = from_pretrained(
             transformers.AutoModelForSequenceClassification, info.path, dtype=torch.float32, num_labels=len(labels), ignore_mismatched_sizes=True,
             id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)})
-    finally:
-        transformers.logging.set_verbosity(verbosity)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = pad_id
     return model

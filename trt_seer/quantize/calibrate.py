@@ -224,7 +224,8 @@ def _session_with_outputs(onnx_path: Path, tensor_names: list[str], tmp: Path):
     """An ORT CPU session on a copy of the model whose outputs include `tensor_names`,
     and the model's input names."""
     import onnx
-    import onnxruntime as ort
+
+    from trt_seer.runtime.ort import create_session
 
     if not onnx_path.is_file():
         raise InputError(f"ONNX model not found: {onnx_path}")
@@ -241,7 +242,7 @@ def _session_with_outputs(onnx_path: Path, tensor_names: list[str], tmp: Path):
                         if n not in existing and n not in inputs)
     path = onnxio.save(model, tmp / "calibrate.onnx")
     del model
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = create_session(path)
     return session, inputs
 
 

@@ -27,6 +27,7 @@ from trt_seer.engine import manifest
 from trt_seer.errors import AccuracyGateError
 from trt_seer.export import onnxio
 from trt_seer.export.families import ModelInfo, ShapeProfile, max_positions
+from trt_seer.eval import gate as gate_mod
 from trt_seer.files import sha256_json
 from trt_seer.quantize import int8
 from trt_seer.quantize.weightonly import WeightOnlySpec
@@ -234,11 +235,11 @@ def quantize_and_gate(info: ModelInfo, art: records.Artifacts, quant: QuantStage
     scales, awq_report = _awq(quant, spec, qat, source, model16, targets, cd)
     summary = _quantization(model16, spec, len(targets), frozenset(), awq_report)
     del model16  # each write loads its own copy: never two FP16 models in memory
-    excluded, metrics, fails, table_rows = int8._gated(
+    excluded, metrics, fails, table_rows = gate_mod.fallback(
         lambda ex: _write(source.load, dest, spec, scales, ex),
         lambda: teacher.lm_metrics(source.reference, source.logits(dest), source.rows), gate, info.task,
         lambda: _rank(source, dest, cd, targets, spec), f"INT{spec.bits}")
-    table = int8._gate_table(table_rows, f"INT{spec.bits}")
+    table = gate_mod.table(table_rows, f"INT{spec.bits}")
     log.info("INT%d accuracy vs FP16 on %d held-out tokens:\n%s", spec.bits, metrics["samples"], table)
     if fails:
         dest.unlink(missing_ok=True)
@@ -275,7 +276,8 @@ def _rank(source: DecoderSource, dest: Path, cd, targets: list, spec: WeightOnly
     """GEMMs by the error they add: measured layer by layer against the FP16 graph while it is on
     disk, else by the relative error of their quantized weights (no FP16 graph needed)."""
     if source.graph is not None:
-        return int8._rank(source.graph, dest, prefill_batches(source.graph, cd.heldout[:4]), [t.node for t in targets])
+        return gate_mod.rank_by_added_error(source.graph, dest, prefill_batches(source.graph, cd.heldout[:4]),
+                                            [t.node for t in targets])
     from trt_seer.quantize import weightonly
 
     log.info("ranking GEMMs by the relative error of their quantized weights (the FP16 graph's weights were removed)")

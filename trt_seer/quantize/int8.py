@@ -20,6 +20,7 @@ from trt_seer.export import onnxio
 from trt_seer.errors import AccuracyGateError, InputError
 from trt_seer.export.families import ModelInfo, ShapeProfile
 from trt_seer.files import ensure_out_dir, sha256_file, sha256_json
+from trt_seer.eval.gate import Gate, fallback, rank_by_added_error, table as gate_table
 from trt_seer.quantize import qat_ranges
 from trt_seer.quantize.spec import QuantStageSpec
 
@@ -28,22 +29,6 @@ HELDOUT_EVERY = 5  # user data: every 5th sample is held out for the gate
 HELDOUT_SAMPLES = 160
 CPU_INT8_FORM = "onnxruntime dynamic INT8 (per-channel S8 weights, U8 activations) on the fused CPU graph"
 CPU_INT8_OPS = ("MatMul", "Attention")  # fused Attention becomes QAttention (INT8 QKV projection)
-
-
-@dataclass(frozen=True)
-class Gate:
-    min_cosine: float = 0.99  # mean sentence-embedding cosine
-    min_cosine_each: float = 0.97  # worst sample
-    min_top1: float = 0.99  # classification / LM top-1 agreement
-
-    def check(self, task: str, m: dict) -> list[str]:
-        """The failed conditions, empty when the metrics pass."""
-        if task == "feature-extraction":
-            fails = [f"mean cosine {m['mean_cosine']:.4f} < {self.min_cosine}"] if m["mean_cosine"] < self.min_cosine else []
-            if m["min_cosine"] < self.min_cosine_each:
-                fails.append(f"min cosine {m['min_cosine']:.4f} < {self.min_cosine_each}")
-            return fails
-        return [f"top-1 agreement {m['top1_agreement']:.4f} < {self.min_top1}"] if m["top1_agreement"] < self.min_top1 else []
 
 
 @dataclass
@@ -181,15 +166,6 @@ def _quantized(fp16_path: Path, dest: Path, amax_by_input: dict, exclude: frozen
     return len(targets)
 
 
-def _gate_table(rows: list[tuple[str, dict, list[str]]], label: str = "INT8") -> str:
-    keys = [k for k in rows[0][1] if k != "samples"]
-    lines = ["  " + " | ".join([f"layers kept out of {label}".ljust(26), *(k.rjust(12) for k in keys), "gate"])]
-    for label, m, fails in rows:
-        vals = [f"{m[k]:12.5f}" for k in keys]
-        lines.append("  " + " | ".join([label.ljust(26), *vals, "pass" if not fails else "FAIL"]))
-    return "\n".join(lines)
-
-
 def check_spec(quant: QuantStageSpec) -> None:
     """Fails fast (before any export) on unusable calibration data or a malformed seed cache."""
     from trt_seer.quantize import calibrate
@@ -238,36 +214,6 @@ def _key(fp32: dict, fp16: dict, quant: QuantStageSpec, gate: Gate) -> str:
         "cpu": CPU_INT8_FORM,
         "qat": qat_ranges.fingerprint(Path(fp32["source"]["checkpoint"])),
     })
-
-
-def _gated(write, evaluate, gate, task: str, rank, label: str = "INT8") -> tuple[frozenset, dict, list, list]:
-    """Writes the artifact with every layer in INT8; while the gate fails, takes the layers `rank()`
-    orders by added error out of INT8, 1, 2, 4, ... of them. Returns (excluded, metrics, fails, rows)."""
-    excluded = frozenset()
-    write(excluded)
-    metrics = evaluate()
-    fails = gate.check(task, metrics)
-    rows = [("none", metrics, fails)]
-    if not fails:
-        return excluded, metrics, fails, rows
-    log.info("%s misses the gate (%s); measuring per-layer sensitivity ...", label, "; ".join(fails))
-    order, k = rank(), 1
-    while fails and len(excluded) < len(order):
-        excluded = frozenset(order[:min(k, len(order))])
-        write(excluded)
-        metrics = evaluate()
-        fails = gate.check(task, metrics)
-        rows.append((f"{len(excluded)} most sensitive", metrics, fails))
-        k *= 2
-    return excluded, metrics, fails, rows
-
-
-def _rank(fp32_path: Path, cand: Path, batches: list, nodes: list[str] | None,
-          ops: tuple = ("MatMul", "Gemm")) -> list[str]:
-    from trt_seer.quantize import layers
-
-    profile_rows = layers.layer_error_profile(fp32_path, cand, batches[:4], nodes, ops)
-    return [r["node"] for r in sorted(profile_rows, key=lambda r: -r["added_error"])]
 
 
 def _smoothed(fp32_path: Path, nodes: list[str], cd: CalibData, alpha: float, work: Path,
@@ -345,11 +291,11 @@ def _calibrate_and_gate(info: ModelInfo, art: records.Artifacts, quant: QuantSta
         _write_cache(cache_path(info, quant), amax_t)
     amax = {k: amax_t[t] for k, t in tensors.items() if t in amax_t}
     log.info("writing the %s Q/DQ graph ...", mode)
-    excluded, metrics, fails, rows = _gated(
+    excluded, metrics, fails, rows = fallback(
         lambda ex: _quantized(base16, dest, amax, ex, info.task, quant.int8_attention, mode == "weight-only"),
         lambda: evaluate.compare_onnx(info, cd.reference(fp32_path), dest, cd.heldout), gate, info.task,
-        lambda: _rank(fp32_path, dest, cd.heldout, nodes))
-    table = _gate_table(rows)
+        lambda: rank_by_added_error(fp32_path, dest, cd.heldout, nodes))
+    table = gate_table(rows)
     log.info("INT8 accuracy vs FP32 on %d held-out samples:\n%s", metrics["samples"], table)
     if fails:
         dest.unlink(missing_ok=True)
@@ -391,11 +337,11 @@ def _cpu_int8(info: ModelInfo, art: records.Artifacts, cd: CalibData, gate: Gate
     src = fused if fused.is_file() else fp32_path
     ops = CPU_INT8_OPS if src == fused else ("MatMul",)
     log.info("writing the CPU INT8 graph (ONNX Runtime dynamic INT8 on %s) ...", src.name)
-    excluded, metrics, fails, rows = _gated(
+    excluded, metrics, fails, rows = fallback(
         lambda ex: quantize.ort_dynamic_int8(src, dest, ex, ops),
         lambda: evaluate.compare_onnx(info, cd.reference(fp32_path), dest, cd.heldout), gate, info.task,
-        lambda: _rank(src, dest, cd.heldout, None, ("MatMul", "Gemm", *ops)))
-    log.info("CPU INT8 accuracy vs FP32 (layers kept out of INT8 stay FP32):\n%s", _gate_table(rows))
+        lambda: rank_by_added_error(src, dest, cd.heldout, None, ("MatMul", "Gemm", *ops)))
+    log.info("CPU INT8 accuracy vs FP32 (layers kept out of INT8 stay FP32):\n%s", gate_table(rows))
     if fails:
         dest.unlink(missing_ok=True)
         log.warning("warning: no CPU INT8 artifact: it cannot pass the gate (%s)", "; ".join(fails))

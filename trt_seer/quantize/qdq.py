@@ -223,20 +223,14 @@ def ort_dynamic_int8(fp32_path, dest, exclude: frozenset = frozenset(), ops: tup
     """FP32 ONNX -> ONNX Runtime dynamic INT8 (per-channel weights, activations quantized at run
     time) for the CPU backend: `ops` nodes (MatMul with constant weights; Attention becomes
     QAttention) except `exclude` stay FP32. Written atomically."""
-    import logging
-
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from trt_seer.export import onnxio
+    from trt_seer.logs import quieted
 
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # it advises pre-processing (meant for vision models) on the root logger
-    try:
-        with onnxio.staged(dest) as tmp:
-            quantize_dynamic(str(fp32_path), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
-                             op_types_to_quantize=list(ops), nodes_to_exclude=sorted(exclude),
-                             extra_options={"MatMulConstBOnly": True})
-    finally:
-        root.setLevel(level)
+    # it advises pre-processing (meant for vision models) on the root logger
+    with quieted(None), onnxio.staged(dest) as tmp:
+        quantize_dynamic(str(fp32_path), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
+                         op_types_to_quantize=list(ops), nodes_to_exclude=sorted(exclude),
+                         extra_options={"MatMulConstBOnly": True})
     return dest

@@ -126,14 +126,15 @@ def pointer_device(ptr: int) -> int | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _memcpy_kind(name: str):
+def memcpy_kind(name: str):
+    """cudaMemcpyKind by name ("HostToDevice", ...), as cudaMemcpyAsync takes it."""
     return getattr(cudart().cudaMemcpyKind, f"cudaMemcpy{name}")
 
 
 def copy_async(dst: int, src: int, nbytes: int, kind: str, stream: "Stream | int") -> None:
     """cudaMemcpyAsync; `kind` is "HostToDevice", "DeviceToHost" or "DeviceToDevice"."""
     if nbytes:
-        (err,) = cudart().cudaMemcpyAsync(dst, src, nbytes, _memcpy_kind(kind), stream_handle(stream))
+        (err,) = cudart().cudaMemcpyAsync(dst, src, nbytes, memcpy_kind(kind), stream_handle(stream))
         if int(err):  # the message is built only on failure: this runs several times per call
             check(err, f"cudaMemcpyAsync({kind}, {nbytes} bytes)")
 
@@ -142,7 +143,7 @@ def copy2d_async(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int,
                  stream: "Stream | int") -> None:
     """cudaMemcpy2DAsync: `height` rows of `width` bytes, rows `src_pitch` / `dst_pitch` bytes apart."""
     if width and height:
-        cuda_call(cudart().cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, _memcpy_kind(kind),
+        cuda_call(cudart().cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, memcpy_kind(kind),
                                              stream_handle(stream)),
                   f"cudaMemcpy2DAsync({kind}, {height} rows of {width} bytes)")
 
@@ -231,7 +232,7 @@ def pinned_array(size: int) -> np.ndarray:
     array or any view of it does, so an array handed to a caller never outlives its memory."""
     owner = _PinnedHost(size)
     raw = (ctypes.c_uint8 * size).from_address(owner.ptr)
-    raw._owner = owner  # numpy views reach `raw` through their base; `raw` keeps the owner
+    raw.keepalive = owner  # numpy views reach `raw` through their base; `raw` keeps the owner
     return np.ctypeslib.as_array(raw)
 
 

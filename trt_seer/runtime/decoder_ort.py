@@ -14,12 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from trt_seer.decoder_io import PAST_PREFIX, PRESENT_PREFIX, TOKEN_INPUTS
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, UnsupportedError
 from trt_seer.runtime.ort import OrtOptions, create_session
 
-PAST_PREFIX, PRESENT_PREFIX = "past_key_values.", "present."
-TOKEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
 def decoder_record(path: Path, record: dict | None, meta: Path | None = None) -> dict:

@@ -28,14 +28,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from trt_seer.decoder_io import TOKEN_INPUTS, is_past, present_of
 from trt_seer.engine import manifest as manifest_io
-from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
-from trt_seer.runtime.engine import EngineOptions, check_manifest, deserialize, open_device
-from trt_seer.runtime.jit_cache import RuntimeCacheFile
+from trt_seer.runtime.loader import EngineOptions, load_engine
 
-SMALL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+SMALL_INPUTS = TOKEN_INPUTS
 SPECIALIZE = ("none", "lazy", "eager")
 CACHES = ("window", "grow")
 
@@ -101,12 +100,9 @@ class TensorRTDecoder:
         if not self.decoder:
             raise InputError(f"{self.path.name} is not a decoder engine with a KV cache (no `decoder` "
                              "section in its manifest); build it from a causal-lm checkpoint")
-        self.flavor = trt_adapter.load()
-        self.gpu = open_device(options.device)
-        check_manifest(self.manifest, self.flavor.describe(), self.gpu.compute_capability, self.gpu.name)
-        self._logger = trt_adapter.logger(self.flavor, options.verbose)
-        self._runtime, self.engine = deserialize(self.path, self.manifest, self.flavor, self.gpu, self._logger)
-        self._jit_cache = RuntimeCacheFile.for_engine(self.path, options.runtime_cache, self.flavor)
+        loaded = load_engine(self.path, options, self.manifest)
+        self.flavor, self.gpu, self.engine = loaded.flavor, loaded.gpu, loaded.engine
+        self._logger, self._runtime, self._jit_cache = loaded.logger, loaded.runtime, loaded.jit_cache
         self.stream = cuda.Stream()
         self._start, self._end = cuda.Event(), cuda.Event()
         self.last_gpu_ms = None  # the engine's own GPU time in the last step (CUDA events)
@@ -124,8 +120,8 @@ class TensorRTDecoder:
     def _names(self) -> None:
         trt = self.flavor.trt
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.past_names = [n for n in names if n.startswith("past_key_values.")]
-        self.present_names = ["present." + n.removeprefix("past_key_values.") for n in self.past_names]
+        self.past_names = [n for n in names if is_past(n)]
+        self.present_names = [present_of(n) for n in self.past_names]
         missing = [n for n in (*SMALL_INPUTS, "logits", *self.present_names) if n not in names]
         if missing or not self.past_names:
             raise InputError(f"{self.path.name} lacks the KV-cache I/O {missing or ['past_key_values.*']}: "

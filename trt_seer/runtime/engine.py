@@ -26,73 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.engine import manifest as manifest_io
-from trt_seer.engine import trt as trt_adapter
-from trt_seer.errors import CudaError, DependencyError, InputError, ManifestMismatchError, TrtSeerError
+from trt_seer.errors import CudaError, InputError, ManifestMismatchError, TrtSeerError
 import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.base import Model
-from trt_seer.runtime.jit_cache import RuntimeCacheFile
 from trt_seer.runtime.io import DeviceTensor, FeedCheck, IOSpec, out_view, token_axes, validate_out
+from trt_seer.runtime.loader import EngineOptions, load_engine
 from trt_seer.runtime.prepared_engine import EnginePreparedCall
 from trt_seer.runtime.slot import EnginePending, Plan, Slot, SlotPool
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """How to run an engine. `runtime_cache`: "auto" keeps TensorRT-RTX's JIT kernels in
-    `<engine stem>.runtime.cache` beside the engine, a path puts them there, None turns it off."""
-
-    device: int = 0
-    contexts: int = 1
-    # None: on where the flavor allows (TensorRT: captured per input shape; TensorRT-RTX: its own
-    # per-shape capture), off quietly where it cannot; True: the same, warning when it cannot.
-    use_cuda_graph: bool | None = None
-    max_graphs: int = 32  # captured shapes kept per context (least recently used dropped)
-    runtime_cache: str | Path | None = "auto"
-    # True: CUDA events around the engine give `last_gpu_ms` (benchmarks, `trt-seer run`); off by
-    # default: the two event records cost a call ~12 us end to end on an H200 (docs/BENCHMARKS.md).
-    time_gpu: bool = False
-    verbose: bool = False
-
-    def __post_init__(self):
-        if self.contexts < 1:
-            raise InputError(f"contexts must be >= 1, got {self.contexts}")
-
-
-def check_manifest(manifest: dict, installed: dict, device_cc: tuple[int, int], gpu: str = "this GPU") -> None:
-    """Raises ManifestMismatchError, naming both sides, if the engine cannot run here.
-
-    Args:
-        manifest: the engine manifest.
-        installed: the installed flavor, `{"flavor": ..., "version": ...}` (Flavor.describe()).
-        device_cc: the GPU's compute capability, e.g. (8, 9).
-        gpu: the GPU's name, for the message.
-    Whether the installed runtime drives this GPU at all is TensorRT's own call at deserialization,
-    reported with the GPU and TensorRT's reason.
-    """
-    name = manifest.get("engine", {}).get("file", manifest.get("name", "engine"))
-    built = manifest["tensorrt"]
-    built_as = f"{built.get('flavor')} {built.get('version')}"
-    here = f"{installed['flavor']} {installed['version']}"
-    if built.get("flavor") != installed["flavor"]:
-        raise ManifestMismatchError(f"{name} was built with {built_as}; this runtime has {here}: "
-                                    f"install {built.get('flavor')} or rebuild the engine here")
-    compat = bool(manifest.get("build", {}).get("settings", {}).get("version_compatible", False))
-    if not trt_adapter.engine_version_compatible(installed["flavor"], built["version"], installed["version"], compat):
-        raise ManifestMismatchError(f"{name} was built with {built_as}; this runtime has {here}: engines "
-                                    "load only in the release that built them; rebuild the engine "
-                                    f"(python -m trt_seer build) or install {built_as}")
-    cc = f"{device_cc[0]}.{device_cc[1]}"
-    targets = manifest["targets"]
-    why = trt_adapter.build_gpu_mismatch(targets, device_cc, gpu)
-    if why:
-        raise ManifestMismatchError(f"{name} {why}")
-    if not trt_adapter.target_allows(targets, device_cc, targets.get("build_compute_capability")):
-        want = ", ".join(targets.get("compute_capabilities") or []) or targets.get("mode", "?")
-        raise ManifestMismatchError(f"{name} targets compute capability {want}; {gpu} is {cc}: "
-                                    f"rebuild with --compute-capability {cc}")
 
 
 def engine_specs(engine, trt, profile: int = 0) -> tuple[tuple[IOSpec, ...], tuple[IOSpec, ...]]:
@@ -127,29 +69,18 @@ class TensorRTModel(Model):
     def __init__(self, path: str | Path, options: EngineOptions = EngineOptions()):
         super().__init__()
         self.path, self.options = Path(path), options
-        if not self.path.is_file():
-            raise InputError(f"engine not found: {self.path}")
-        self.manifest = manifest_io.read_engine_manifest(manifest_io.engine_manifest_path(self.path))
-        self.flavor = trt_adapter.load()
-        self.gpu = open_device(options.device)
-        check_manifest(self.manifest, self.flavor.describe(), self.gpu.compute_capability, self.gpu.name)
-        self._logger = trt_adapter.logger(self.flavor, options.verbose)
-        self._runtime, self.engine = self._deserialize()
+        loaded = load_engine(self.path, options)
+        self.manifest, self.flavor, self.gpu, self.engine = loaded.manifest, loaded.flavor, loaded.gpu, loaded.engine
+        self._logger, self._runtime, self._jit_cache = loaded.logger, loaded.runtime, loaded.jit_cache
         self.inputs, self.outputs = engine_specs(self.engine, self.flavor.trt)
         _check_io_names(self.manifest, self.inputs, self.outputs, self.path)
         self._check_feeds = FeedCheck(self.inputs)
-        self._jit_cache = RuntimeCacheFile.for_engine(self.path, options.runtime_cache, self.flavor)
-        self._configs: dict[int, object] = {}  # id(context) -> its IRuntimeConfig, kept as long as it
         self._graphs_ok = options.use_cuda_graph is not False
         self.graph_mode = "capture" if self._graphs_ok else None  # "runtime": the flavor's own
-        self._slots = [Slot(self) for _ in range(options.contexts)]
-        self._pool = SlotPool(self.path.name, self._slots)
-        self._gate = self._pool
+        self.pool = SlotPool(self.path.name, [Slot(self) for _ in range(options.contexts)])
+        self._gate = self.pool
 
     # --- loading -----------------------------------------------------------------------------
-
-    def _deserialize(self):
-        return deserialize(self.path, self.manifest, self.flavor, self.gpu, self._logger)
 
     def _runtime_config(self):
         """A per-context IRuntimeConfig sharing one runtime cache (TensorRT-RTX), or None."""
@@ -164,16 +95,15 @@ class TensorRTModel(Model):
             self.graph_mode = "runtime"
         return config
 
-    def _new_context(self):
+    def new_context(self) -> tuple:
+        """(a new execution context, its IRuntimeConfig or None); the slot keeps both."""
         config = self._runtime_config()
         context = (self.engine.create_execution_context(config) if config is not None
                    else self.engine.create_execution_context())
         if context is None:
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "out of GPU memory?"
             raise TrtSeerError(f"TensorRT could not create an execution context for {self.path.name}: {why}")
-        if config is not None:
-            self._configs[id(context)] = config
-        return context
+        return context, config
 
     # --- running -----------------------------------------------------------------------------
 
@@ -190,7 +120,7 @@ class TensorRTModel(Model):
                 valid until another call on this model starts; see docs/RUNTIME.md.
         """
         selected = self.selected_outputs(outputs)
-        slot = self._pool.acquire()
+        slot = self.pool.acquire()
         handle = cuda.stream_handle(stream) if stream is not None else slot.stream.handle
         try:
             results, keepalive = self._start(slot, feeds, selected, out, device_outputs, handle)
@@ -198,7 +128,7 @@ class TensorRTModel(Model):
         except BaseException:
             self._release_after_sync(slot, handle)
             raise
-        self._pool.leave()
+        self.pool.leave()
         return pending
 
     def prepare(self, shapes, outputs=None) -> EnginePreparedCall:
@@ -210,7 +140,7 @@ class TensorRTModel(Model):
         """`infer_async(...).result()` without a pending call's bookkeeping: the call keeps its
         execution context from the first copy to the last (see Model.infer for the arguments)."""
         selected = self.selected_outputs(outputs)
-        slot = self._pool.acquire()
+        slot = self.pool.acquire()
         handle = slot.stream.handle
         try:
             seen = None if out or device_outputs or slot.foreign else self._check_feeds.seen(feeds)
@@ -224,7 +154,7 @@ class TensorRTModel(Model):
         except BaseException:
             self._release_after_sync(slot, handle)
             raise
-        self._pool.release_and_leave(slot)
+        self.pool.release_and_leave(slot)
         return values
 
     def _run_plan(self, slot: Slot, plan: Plan, feeds: tuple) -> dict:
@@ -252,8 +182,8 @@ class TensorRTModel(Model):
         try:
             cuda.synchronize(stream)
         finally:
-            self._pool.release(slot)
-            self._pool.leave()
+            self.pool.release(slot)
+            self.pool.leave()
 
     def _enqueue(self, slot: Slot, feeds: dict, key: tuple, call: "_Call", stream) -> list:
         """`key`: the feeds' shapes, in input order (as `feeds` is)."""
@@ -262,7 +192,7 @@ class TensorRTModel(Model):
         self._stage_inputs(slot, feeds, stream)
         if views or slot.foreign:  # else every output is bound to the slot's own buffer already
             self._bind_outputs(slot, views, stream)
-        self._run_engine(slot, key, stream)
+        self.run_engine(slot, key, stream)
         return [self._result(slot, spec, out_shapes[spec.name], views.get(spec.name), call, stream)
                 for spec in call.outputs]
 
@@ -317,7 +247,7 @@ class TensorRTModel(Model):
             cuda.wait_event(stream, slot.ready)
         return value.ptr
 
-    def _run_engine(self, slot: Slot, key: tuple, stream) -> None:
+    def run_engine(self, slot: Slot, key: tuple, stream) -> None:
         """`_execute` between the slot's timing events when `time_gpu` is on."""
         timed = self.options.time_gpu
         if timed:
@@ -335,17 +265,17 @@ class TensorRTModel(Model):
         in (same shapes, this slot's own buffers, an eager enqueue since the last change); otherwise
         enqueues eagerly, and captures the shape if it has no graph yet."""
         if not self._graphs_ok or self.graph_mode == "runtime" or slot.foreign:
-            return self._enqueue_engine(slot, stream)
+            return self.enqueue_engine(slot, stream)
         graph = None if slot.dirty else slot.graphs.get(key)
         if graph is not None:
             slot.graphs.move_to_end(key)
             return graph.launch(stream)
-        self._enqueue_engine(slot, stream)  # after a shape switch TensorRT must enqueue before a replay
+        self.enqueue_engine(slot, stream)  # after a shape switch TensorRT must enqueue before a replay
         if key not in slot.graphs:
             self._capture(slot, key)
         return None
 
-    def _enqueue_engine(self, slot: Slot, stream) -> None:
+    def enqueue_engine(self, slot: Slot, stream) -> None:
         if not slot.context.execute_async_v3(int(stream)):
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
             raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
@@ -356,7 +286,7 @@ class TensorRTModel(Model):
         if not slot.context.is_stream_capturable(int(slot.stream.handle)):
             return self._disable_graphs("TensorRT says this engine's stream is not capturable")
         try:
-            graph = cuda.CudaGraph.capture(slot.stream, lambda: self._enqueue_engine(slot, slot.stream.handle))
+            graph = cuda.CudaGraph.capture(slot.stream, lambda: self.enqueue_engine(slot, slot.stream.handle))
         except (CudaError, TrtSeerError) as e:
             return self._disable_graphs(f"capture failed: {e}")
         slot.graphs[key] = graph
@@ -378,35 +308,16 @@ class TensorRTModel(Model):
         """Refuses new calls, waits for the calls in flight (other threads), then waits for the
         GPU, saves the runtime cache and frees contexts and memory. Idempotent and thread-safe;
         a pending call whose result was not read yet raises InputError when read afterwards."""
-        if not self._pool.close():
+        if not self.pool.close():
             return
-        for slot in self._slots:
+        for slot in self.pool.slots:
             slot.stream.synchronize()
             slot.done.synchronize()  # work enqueued on a caller's stream
         self._jit_cache.save()
-        for slot in self._slots:
+        for slot in self.pool.slots:
             slot.close()
-        self._slots, self._configs = [], {}
+        self.pool.slots.clear()
         self.engine = self._runtime = None
-
-
-def deserialize(path: Path, manifest: dict, flavor, gpu: cuda.DeviceInfo, logger):
-    """(runtime, engine) from an engine file whose manifest was checked; ManifestMismatchError when
-    the file is not the one the manifest describes or TensorRT cannot load it on this GPU."""
-    blob = path.read_bytes()
-    expected = manifest["engine"].get("size_bytes")
-    if expected is not None and expected != len(blob):
-        raise ManifestMismatchError(f"{path.name} is {len(blob)} bytes but its manifest says {expected}: "
-                                    "the engine was replaced without its manifest; rebuild it")
-    runtime = flavor.trt.Runtime(logger)
-    engine = runtime.deserialize_cuda_engine(blob)
-    if engine is None:
-        why = logger.errors[-1].splitlines()[0] if logger.errors else "see the TensorRT log"
-        raise ManifestMismatchError(
-            f"{flavor.name} {flavor.version} could not load {path.name} on {gpu.name} "
-            f"(compute capability {gpu.major}.{gpu.minor}): {why}; rebuild it here with "
-            "python -m trt_seer build, or run the .onnx on CPU")
-    return runtime, engine
 
 
 @dataclass(frozen=True)
@@ -418,11 +329,3 @@ class _Call:
     device_outputs: bool
 
 
-def open_device(device: int) -> cuda.DeviceInfo:
-    """Makes `device` current; DependencyError when there is no usable GPU."""
-    reason = cuda.gpu_unavailable_reason(device)
-    if reason is not None:
-        raise DependencyError(f"cannot run a TensorRT engine: {reason}; use the .onnx artifact on CPU "
-                              "(backend='onnxruntime')")
-    cuda.set_device(device)
-    return cuda.device_info(device)

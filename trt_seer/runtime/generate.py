@@ -14,15 +14,15 @@ Imports neither torch nor transformers: tokenization is the `tokenizers` package
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
 import numpy as np
 
+from trt_seer.decoder_io import position_ids
 from trt_seer.engine import manifest as manifest_io
-from trt_seer.errors import DependencyError, InputError
+from trt_seer.errors import InputError
 
 
 class DecoderStep(Protocol):
@@ -61,11 +61,6 @@ class Generation:
     token_ids: list[int]  # generated, the final EOS included
     text: str  # the generated text, special tokens skipped
     finish_reason: str  # "eos" | "length"
-
-
-def position_ids(mask: np.ndarray, seq: int) -> np.ndarray:
-    """Positions of the last `seq` tokens counted over real tokens: left padding keeps them right."""
-    return np.clip(np.cumsum(mask, axis=1) - 1, 0, None)[:, -seq:].astype(np.int64)
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -189,32 +184,21 @@ class Generator:
                 for t, p, ids in zip(texts, prompts, tokens)]
 
 
-def load_step(artifact: str | Path, threads: int = 0) -> DecoderStep:
-    """The DecoderStep of an artifact: `.engine` on TensorRT, `.onnx` on ONNX Runtime (CPU). An
-    engine where no TensorRT runs (no GPU) falls back to its `.onnx` sibling, with a warning, as
-    `runtime.load` does."""
-    path = Path(artifact)
-    if path.suffix == ".engine":
-        from trt_seer.runtime import onnx_sibling, tensorrt_unavailable_reason
+def load_step(artifact: str | Path, backend: str = "auto", **opts) -> DecoderStep:
+    """The DecoderStep of an artifact: `.engine` on TensorRT, `.onnx` on ONNX Runtime (CPU); an engine
+    where no TensorRT runs falls back to its `.onnx` sibling with a warning. `backend` and `opts` as
+    for `runtime.load` (EngineOptions and OrtOptions fields)."""
+    from trt_seer.runtime.backends import runnable, split_options
 
-        reason = tensorrt_unavailable_reason()
-        if reason is None:
-            from trt_seer.runtime import decoder_trt  # TensorRT and CUDA load only for engines
+    engine_opts, ort_opts = split_options(opts)
+    path, chosen = runnable(Path(artifact), backend, engine_opts.device, stacklevel=4)
+    if chosen == "tensorrt":
+        from trt_seer.runtime import decoder_trt  # TensorRT and CUDA load only for engines
 
-            return decoder_trt.TensorRTDecoder(path)
-        sibling = onnx_sibling(path)
-        if not sibling.is_file():
-            raise DependencyError(f"cannot run {path.name} on TensorRT ({reason}) and there is no "
-                                  f"{sibling.name} beside it to run on ONNX Runtime instead")
-        warnings.warn(f"running {sibling.name} on ONNX Runtime (CPU) instead of {path.name}: {reason}",
-                      RuntimeWarning, stacklevel=2)
-        path = sibling
-    if path.suffix == ".onnx":
-        from trt_seer.runtime.decoder_ort import OrtDecoderStep
-        from trt_seer.runtime.ort import OrtOptions
+        return decoder_trt.TensorRTDecoder(path, engine_opts)
+    from trt_seer.runtime.decoder_ort import OrtDecoderStep
 
-        return OrtDecoderStep(path, OrtOptions(threads=threads))
-    raise InputError(f"{path} is neither a .engine nor a .onnx file")
+    return OrtDecoderStep(path, ort_opts)
 
 
 def artifact_decoder(artifact: str | Path) -> dict:
@@ -231,23 +215,20 @@ def artifact_decoder(artifact: str | Path) -> dict:
 
 def load_tokenizer(artifact: Path, decoder: dict, directory: str | Path | None = None):
     """The `tokenizers` tokenizer copied beside the artifact (or from `directory`)."""
-    from tokenizers import Tokenizer
+    from trt_seer.tokenizer import load_tokenizer as from_directory
 
     if directory is None and not decoder.get("tokenizer"):
         raise InputError(f"{Path(artifact).name} has no tokenizer beside it; pass a directory with "
                          "tokenizer.json (trt-seer generate --tokenizer DIR)")
     folder = Path(directory) if directory is not None else Path(artifact).parent / decoder["tokenizer"]
-    path = folder / "tokenizer.json"
-    if not path.is_file():
-        raise InputError(f"no tokenizer.json in {folder}")
-    tokenizer = Tokenizer.from_file(str(path))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    return tokenizer
+    return from_directory(folder, hint="pass trt-seer generate --tokenizer DIR")
 
 
-def load_generator(artifact: str | Path, threads: int = 0, tokenizer_dir: str | Path | None = None) -> Generator:
-    """Opens a causal-LM artifact (`.onnx` or `.engine`) for generation."""
+def load_generator(artifact: str | Path, backend: str = "auto", *, tokenizer_dir: str | Path | None = None,
+                   **opts) -> Generator:
+    """Opens a causal-LM artifact (`.onnx` or `.engine`) for generation. `backend` and `opts` as for
+    `runtime.load` (device, use_cuda_graph, runtime_cache, verbose, ...; threads, optimization, ...);
+    `tokenizer_dir`: where tokenizer.json is when it is not beside the artifact."""
     decoder = artifact_decoder(artifact)
     tokenizer = load_tokenizer(Path(artifact), decoder, tokenizer_dir)
-    return Generator(load_step(artifact, threads), decoder, tokenizer)
+    return Generator(load_step(artifact, backend, **opts), decoder, tokenizer)

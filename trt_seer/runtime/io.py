@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from trt_seer.errors import InputError
-from trt_seer.export.families import TOKEN_AXES
+from trt_seer.decoder_io import TOKEN_AXES
 
 # TensorRT's DataType names (as build.py writes them) and ONNX's, to numpy's.
 _DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp16": "float16",

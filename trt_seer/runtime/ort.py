@@ -56,17 +56,19 @@ def session_options(options: OrtOptions):
     return so
 
 
-def create_session(path: Path, options: OrtOptions):
-    """A CPU InferenceSession; UnsupportedError naming the file when ONNX Runtime rejects it."""
+def create_session(source: str | Path | bytes, options: OrtOptions = OrtOptions()):
+    """The one way trt_seer opens ONNX Runtime: a CPU InferenceSession over an ONNX file or a
+    serialized model, quiet below errors; UnsupportedError naming the file when ONNX Runtime rejects it."""
     import onnxruntime as ort
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
     rejected = (state.Fail, state.InvalidGraph, state.InvalidArgument, state.NotImplemented,
                 state.InvalidProtobuf, state.RuntimeException)
+    model, name = (source, "the graph") if isinstance(source, bytes) else (str(source), Path(source).name)
     try:
-        return ort.InferenceSession(str(path), session_options(options), providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model, session_options(options), providers=["CPUExecutionProvider"])
     except rejected as e:
-        raise UnsupportedError(f"ONNX Runtime cannot run {path.name}: {str(e).splitlines()[0]}") from e
+        raise UnsupportedError(f"ONNX Runtime cannot run {name}: {str(e).splitlines()[0]}") from e
 
 
 def session_specs(session) -> tuple[tuple[IOSpec, ...], tuple[IOSpec, ...]]:

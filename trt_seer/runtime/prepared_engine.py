@@ -1,8 +1,8 @@
 """The TensorRT backend's prepared call (prepared.py): a slot of its own, outside the pool.
 
-`add_slot` makes the slot inside the model's gate (so the model's close() waits for it) and adds it
-to the model's slots, which close() frees; `drop_slot` frees it earlier, when the call is closed or
-collected, unless the model is closed already.
+`add_slot` makes the slot inside the model's pool gate (so the model's close() waits for it) and adds
+it to the pool's slots, which the model's close() frees; `drop_slot` frees it earlier, when the call
+is closed or collected, unless the model is closed already.
 """
 from __future__ import annotations
 
@@ -10,45 +10,44 @@ import weakref
 
 from trt_seer.errors import InputError
 from trt_seer.runtime.prepared import PreparedCall
-from trt_seer.runtime.slot import Slot
+from trt_seer.runtime.slot import Slot, SlotOwner
 
 
-def add_slot(model, setup) -> Slot:
+def add_slot(model: SlotOwner, setup) -> Slot:
     """A new slot outside `model`'s pool, in its slots so that its close() frees it; `setup(slot)` runs
     before it is added (a slot whose setup fails is freed). InputError once the model is closed."""
-    model._pool.enter()  # close() waits until the slot is made and set up, or refuses first
+    pool = model.pool
+    pool.enter()  # close() waits until the slot is made and set up, or refuses first
     try:
         slot = Slot(model)
         try:
             setup(slot)
         except BaseException:
-            close_slot(model, slot)
+            close_slot(slot)
             raise
-        with model._pool.lock:
-            model._slots.append(slot)
+        pool.add(slot)
         return slot
     finally:
-        model._pool.leave()
+        pool.leave()
 
 
-def drop_slot(model, slot: Slot) -> None:
+def drop_slot(model: SlotOwner, slot: Slot) -> None:
     """Frees a slot made by `add_slot` unless the model is closed (its close() frees it)."""
-    if not model._pool.try_enter():
+    pool = model.pool
+    if not pool.try_enter():
         return
     try:
-        with model._pool.lock:
-            model._slots.remove(slot)
-        close_slot(model, slot)
+        pool.remove(slot)
+        close_slot(slot)
     finally:
-        model._pool.leave()
+        pool.leave()
 
 
-def close_slot(model, slot: Slot) -> None:
-    """Waits for the slot's stream, then frees it and the runtime config of its context."""
+def close_slot(slot: Slot) -> None:
+    """Waits for the slot's stream, then frees it (and the runtime config of its context)."""
     try:
         slot.stream.synchronize()
     finally:
-        model._configs.pop(id(slot.context), None)
         slot.close()
 
 
@@ -61,7 +60,7 @@ class EnginePreparedCall(PreparedCall):
 
     def _places(self) -> dict:
         model = self.model
-        self._pool, self._running = model._pool, False
+        self._pool, self._running = model.pool, False
         self.slot = add_slot(model, self._set_up)
         self._release = weakref.finalize(self, drop_slot, model, self.slot)
         return dict(zip(model.input_names, self._plan.views)), dict(self._plan.returns)

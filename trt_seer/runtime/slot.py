@@ -5,6 +5,7 @@ graphs and the shape / address state TensorRT was last enqueued with. `SlotPool`
 behind a `CallGate`, so `close()` waits for calls in flight and callers waiting for a slot give up.
 `EnginePending`: an enqueued call; `result()` waits and returns what the call asked for.
 `Plan`: what a repeated synchronous call needs, worked out once per input shapes and outputs.
+`SlotOwner`: what a slot needs from its model (TensorRTModel, engine.py) - the seam between them.
 """
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import collections
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from trt_seer.errors import CudaError, InputError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
-from trt_seer.runtime.base import CallGate, Model, Pending
+from trt_seer.runtime.base import CallGate, Pending
+from trt_seer.runtime.io import IOSpec
 
 CACHE_LIMIT = 256  # output shapes kept per slot (one entry per input shape seen)
 ALIGN = 256  # bytes; each input's place in the staging buffer starts on such a boundary
@@ -66,13 +69,41 @@ class Plan:
     returns: tuple
 
 
+class SlotOwner(Protocol):
+    """The model side of a slot: its I/O, how to make a context, how to run the engine on one."""
+
+    inputs: tuple[IOSpec, ...]
+    outputs: tuple[IOSpec, ...]
+    options: object  # EngineOptions: `time_gpu`
+    graph_mode: str | None
+    pool: "SlotPool"
+
+    @property
+    def input_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def output_names(self) -> tuple[str, ...]: ...
+
+    def new_context(self) -> tuple:
+        """(execution context, its runtime config or None)."""
+
+    def enqueue_engine(self, slot: "Slot", stream) -> None:
+        """One plain enqueue of the engine on `slot`'s context."""
+
+    def run_engine(self, slot: "Slot", key: tuple, stream) -> None:
+        """The engine for input shapes `key`: a replayed graph or an enqueue, timed if asked."""
+
+    def note_gpu_time(self, slot: "Slot") -> None:
+        """Reads the GPU time of the slot's last call."""
+
+
 class Slot:
     """One execution context. `dirty` is True while the context's input shapes or tensor addresses
     differ from those of its last `enqueueV3`: TensorRT redoes shape-dependent work on the next
     enqueue, so a captured graph may replay only once an eager enqueue has run in the current state."""
 
-    def __init__(self, model: Model):
-        self.context = model._new_context()
+    def __init__(self, model: SlotOwner):
+        self.context, self.config = model.new_context()  # the config lives as long as its context
         self.input_names = model.input_names
         self.input_dtypes = tuple(np.dtype(s.dtype) for s in model.inputs)
         self.stream = cuda.Stream()
@@ -97,7 +128,7 @@ class Slot:
         for name, address in self.own.items():  # so `not foreign` means every tensor is in place
             self.bind(name, address)
 
-    def _max_output_shapes(self, model: Model) -> dict[str, tuple[int, ...]]:
+    def _max_output_shapes(self, model: SlotOwner) -> dict[str, tuple[int, ...]]:
         shapes = self.output_shapes(tuple(s.max_shape for s in model.inputs))
         unknown = [n for n, shape in shapes.items() if min(shape, default=0) < 0]
         if unknown:
@@ -137,8 +168,8 @@ class Slot:
         views = tuple(r.host_view(shape, dt) for r, shape, dt in zip(regions, key, self.input_dtypes))
         staged = max(r.offset + v.nbytes for r, v in zip(regions, views))
         handle = self.stream.handle
-        copy_in = (self.staging.device_ptr, self.staging.host_ptr, staged, cuda._memcpy_kind("HostToDevice"), handle)
-        d2h, copies, returns = cuda._memcpy_kind("DeviceToHost"), [], []
+        copy_in = (self.staging.device_ptr, self.staging.host_ptr, staged, cuda.memcpy_kind("HostToDevice"), handle)
+        d2h, copies, returns = cuda.memcpy_kind("DeviceToHost"), [], []
         for spec in selected:
             buf, view = self.outputs[spec.name], self.outputs[spec.name].host_view(shapes[spec.name], spec.dtype)
             copies.append((buf.host_ptr, buf.device_ptr, view.nbytes, d2h, handle))
@@ -148,7 +179,7 @@ class Slot:
             self._plans[(key, id(selected))] = plan
         return plan
 
-    def launch(self, plan: Plan, model: Model) -> None:
+    def launch(self, plan: Plan, model: SlotOwner) -> None:
         """The planned call's CUDA work on this slot's stream, its inputs staged and shapes set: the
         staged bytes in, the engine (enqueued straight on the context when the flavor replays its
         own graphs and no events are wanted), the returned outputs back, then the wait."""
@@ -157,9 +188,9 @@ class Slot:
             cuda.check(err, "cudaMemcpyAsync(HostToDevice)")
         timed = model.options.time_gpu
         if model.graph_mode == "runtime" and not timed:
-            model._enqueue_engine(self, self.stream.ptr)
+            model.enqueue_engine(self, self.stream.ptr)
         else:
-            model._run_engine(self, plan.key, self.stream.handle)
+            model.run_engine(self, plan.key, self.stream.handle)
         for args in plan.copies_out:
             (err,) = self._memcpy(*args)
             if err:
@@ -183,7 +214,7 @@ class Slot:
         for graph in self.graphs.values():
             graph.close()
         self.graphs.clear()
-        self.context = None
+        self.context = self.config = None
         self.inputs, self._plans, self._out_shapes = {}, {}, {}  # drop this slot's views of pinned memory
         for buf in (self.staging, *self.outputs.values()):
             buf.close()
@@ -192,12 +223,28 @@ class Slot:
 
 
 class SlotPool(CallGate):
-    """Free slots (last released first, so one caller keeps reusing a slot whose graphs are warm)."""
+    """Free slots (last released first, so one caller keeps reusing a slot whose graphs are warm).
+    `slots`: every slot of the model, including those made outside the pool (`add`, prepared calls),
+    which the model's close() frees."""
 
     def __init__(self, name: str, slots: list[Slot]):
         super().__init__(name)
         self.slots = list(slots)
         self._free = list(slots)
+
+    def add(self, slot: Slot) -> None:
+        """Counts `slot` among the model's slots without handing it out."""
+        with self.lock:
+            self.slots.append(slot)
+
+    def remove(self, slot: Slot) -> None:
+        """Forgets a slot given to `add`."""
+        with self.lock:
+            self.slots.remove(slot)
+
+    def is_free(self, slot: Slot) -> bool:
+        with self.lock:
+            return slot in self._free
 
     def acquire(self) -> Slot:
         """A free slot, waiting while all are busy; InputError once the model is closed. The caller
@@ -252,12 +299,12 @@ class EnginePending(Pending):
     copy): host views of pinned buffers are copied into fresh arrays (copy=True); caller buffers
     and device tensors are returned as they are."""
 
-    def __init__(self, model: Model, slot: Slot, results: list, keepalive):
+    def __init__(self, model: SlotOwner, slot: Slot, results: list, keepalive):
         self._model, self._slot, self._results = model, slot, results
         self._outputs: dict | None = None
         self._lock = threading.Lock()
         # Keeps the caller's GPU tensors and buffers alive until the work is done, even if dropped.
-        self._finalizer = weakref.finalize(self, _abandon, weakref.ref(model._pool), slot, keepalive)
+        self._finalizer = weakref.finalize(self, _abandon, weakref.ref(model.pool), slot, keepalive)
 
     def done(self) -> bool:
         if self._outputs is not None:
@@ -269,7 +316,7 @@ class EnginePending(Pending):
             if self._outputs is None:
                 if self._slot is None:
                     raise CudaError("this call failed when its result was first read", name="failed")
-                pool = self._model._pool
+                pool = self._model.pool
                 pool.reenter()
                 slot, self._slot = self._slot, None
                 self._finalizer.detach()

@@ -1,6 +1,6 @@
 """Per-layer error of a reduced-precision ONNX graph (FP16-typed or Q/DQ INT8) against its reference.
 
-    from trt_seer.quantize.layers import layer_error_profile, first_jumps
+    from trt_seer.eval.layers import layer_error_profile, first_jumps
     profile = layer_error_profile(Path("m.fp32.onnx"), Path("m.int8.onnx"), batches)
     for row in first_jumps(profile):
         print(row["node"], row["rel_error"], row["added_error"])
@@ -73,14 +73,11 @@ def with_outputs(model, tensors: list[str]):
 
 
 def _session(model):
-    import onnxruntime as ort
+    from trt_seer.runtime.ort import OrtOptions, create_session
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
     # Basic level only: later fusions (QDQ -> QLinearMatMul, attention) would change which
     # arithmetic the profiled tensors come from.
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return create_session(model.SerializeToString(), OrtOptions(optimization="basic"))
 
 
 def _accumulate(ref_sess, cand_sess, tensors: list[str], batches: list[dict]) -> tuple[np.ndarray, ...]:

@@ -1,0 +1,263 @@
+"""`TensorRTDecoder` stepping (runtime/decoder_trt.py) on CPU, both cache layouts: prefill on an
+empty cache, then one token per step, through the decoder's own buffers, bindings, window mask and
+2-D cache copies. CUDA memory is ordinary memory (copies are memmoves, 2-D copies row by row) and
+the "engine" is a toy decoder that computes its logits from the whole cache it is bound to, so a
+step reads a wrong, stale or misaligned cache entry only by giving other logits than the same
+sequence run at once. Real kernels: tests/test_generate_gpu.py."""
+from __future__ import annotations
+
+import ctypes
+import types
+
+import numpy as np
+import pytest
+
+import trt_seer.runtime.cuda as cuda
+from trt_seer.decoder_io import decoder_io, is_past, position_ids, step_feeds
+from trt_seer.engine import manifest as manifest_io
+from trt_seer.errors import InputError
+from trt_seer.runtime import decoder_trt
+from trt_seer.runtime.loader import EngineOptions, LoadedEngine
+
+LAYERS, HEADS, DIM, VOCAB = 2, 1, 2, 13
+MAX_TOTAL, MAX_PROMPT, MAX_BATCH = 12, 8, 3
+
+
+class MemoryRuntime:
+    """cudart over host memory: allocations are ctypes buffers, copies happen at once."""
+
+    def __init__(self):
+        self.blocks, self.copies2d = {}, 0
+
+    def _alloc(self, size):
+        block = ctypes.create_string_buffer(size)
+        self.blocks[ctypes.addressof(block)] = block
+        return (0, ctypes.addressof(block))
+
+    cudaMalloc = cudaMallocHost = _alloc
+
+    def cudaFree(self, ptr):
+        return (0,)
+
+    cudaFreeHost = cudaFree
+
+    def cudaMemcpyAsync(self, dst, src, nbytes, kind, stream):
+        ctypes.memmove(int(dst), int(src), int(nbytes))
+        return (0,)
+
+    def cudaMemcpy2DAsync(self, dst, dst_pitch, src, src_pitch, width, height, kind, stream):
+        self.copies2d += 1
+        for row in range(height):
+            ctypes.memmove(dst + row * dst_pitch, src + row * src_pitch, width)
+        return (0,)
+
+    def cudaMemsetAsync(self, ptr, value, nbytes, stream):
+        ctypes.memset(ptr, value, nbytes)
+        return (0,)
+
+
+class Handle:
+    """A stream or event: the work is done when enqueued."""
+
+    def __init__(self, *args, **kwargs):
+        self.handle = self.ptr = 7
+
+    def synchronize(self):
+        pass
+
+    def record(self, stream):
+        pass
+
+    def elapsed_ms(self, start):
+        return 0.5
+
+    def close(self):
+        pass
+
+
+def array_at(address, shape, dtype):
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.frombuffer((ctypes.c_uint8 * n).from_address(address), dtype=dtype).reshape(shape)
+
+
+def new_kv(ids, positions, layer):
+    """The key and value a layer stores for tokens `ids` at `positions`: (batch, heads, seq, dim)."""
+    key = np.stack([ids, positions + 100 * layer], -1)[:, None].astype(np.float32)
+    return key, key * np.float32(2) + np.float32(1)
+
+
+def logits_from(keys, values, mask):
+    """Each visible cache entry votes for its token, weighted by what its key and value hold."""
+    out = np.zeros((mask.shape[0], VOCAB), np.float32)
+    for key, value in zip(keys, values):
+        weight = (1 + key[:, 0, :, 1] + value[:, 0, :, 1]) * mask  # (batch, positions)
+        for v in range(VOCAB):
+            out[:, v] += (weight * (key[:, 0, :, 0] == v)).sum(1)
+    return out
+
+
+def reference(ids, mask):
+    """The last position's logits of the whole sequence run at once, no cache."""
+    pos = position_ids(mask)
+    kv = [new_kv(ids, pos, layer) for layer in range(LAYERS)]
+    return logits_from([k for k, _ in kv], [v for _, v in kv], mask)
+
+
+class Context:
+    """The toy decoder: present = past + this step's keys/values; logits over every present entry
+    the attention mask shows. Reads and writes the memory it is bound to, as TensorRT does."""
+
+    def __init__(self, engine):
+        self.engine, self.shapes, self.addresses, self.profile, self.runs = engine, {}, {}, 0, 0
+
+    def set_optimization_profile_async(self, profile, stream):
+        self.profile = profile
+        return True
+
+    def set_input_shape(self, name, shape):
+        self.shapes[name] = tuple(shape)
+        return True
+
+    def set_tensor_address(self, name, address):
+        self.addresses[name] = int(address)
+        return True
+
+    def execute_async_v3(self, stream):
+        ids = array_at(self.addresses["input_ids"], self.shapes["input_ids"], np.int64)
+        pos = array_at(self.addresses["position_ids"], self.shapes["position_ids"], np.int64)
+        mask = array_at(self.addresses["attention_mask"], self.shapes["attention_mask"], np.int64)
+        presents = {}
+        for name in self.engine.past_names:
+            past = array_at(self.addresses[name], self.shapes[name], np.float32)
+            layer, kind = int(name.split(".")[1]), name.rsplit(".", 1)[1]
+            new = new_kv(ids, pos, layer)[kind == "value"]
+            presents[name] = np.concatenate([past, new], axis=2)
+        assert mask.shape[1] == next(iter(presents.values())).shape[2], "mask and cache lengths differ"
+        for name, value in presents.items():
+            array_at(self.addresses[name.replace("past_key_values.", "present.")], value.shape, np.float32)[...] = value
+        keys = [presents[n] for n in self.engine.past_names if n.endswith("key")]
+        values = [presents[n] for n in self.engine.past_names if n.endswith("value")]
+        array_at(self.addresses["logits"], (ids.shape[0], 1, VOCAB), np.float32)[:, 0] = logits_from(keys, values, mask)
+        self.runs += 1
+        return True
+
+
+class Engine:
+    """Decoder I/O as export writes it (decoder_io), two optimization profiles (decode, prefill)."""
+
+    num_optimization_profiles = 2
+
+    def __init__(self):
+        inputs, outputs = decoder_io(LAYERS)
+        self.names = inputs + outputs
+        self.num_io_tensors = len(self.names)
+        self.past_names = [n for n in inputs if is_past(n)]
+        self.contexts = []
+
+    def get_tensor_name(self, i):
+        return self.names[i]
+
+    def get_tensor_dtype(self, name):
+        return "float32" if name == "logits" or name.startswith(("past_", "present.")) else "int64"
+
+    def get_tensor_shape(self, name):
+        if name == "logits":
+            return (-1, 1, VOCAB)
+        return (-1, HEADS, -1, DIM) if name.startswith(("past_", "present.")) else (-1, -1)
+
+    def create_execution_context(self):
+        self.contexts.append(Context(self))
+        return self.contexts[-1]
+
+
+@pytest.fixture
+def open_decoder(monkeypatch, tmp_path):
+    """`open_decoder(cache)`: a TensorRTDecoder over the toy engine, on simulated CUDA."""
+    rt = MemoryRuntime()
+    monkeypatch.setattr(cuda, "cudart", lambda: rt)
+    monkeypatch.setattr(cuda, "memcpy_kind", lambda kind: kind)
+    monkeypatch.setattr(cuda, "Stream", Handle)
+    monkeypatch.setattr(cuda, "Event", Handle)
+    manifest = {"decoder": {"max_total": MAX_TOTAL, "max_prompt": MAX_PROMPT},
+                "profiles": [{"batch": [1, MAX_BATCH, MAX_BATCH]}]}
+    monkeypatch.setattr(manifest_io, "read_engine_manifest", lambda path: manifest)
+    flavor = types.SimpleNamespace(trt=types.SimpleNamespace(nptype=np.dtype))
+    jit = types.SimpleNamespace(attach=lambda config: None, save=lambda: None)
+
+    def load_engine(path, options, manifest):
+        return LoadedEngine(path, manifest, flavor, types.SimpleNamespace(index=0), types.SimpleNamespace(errors=[]),
+                            object(), Engine(), jit)
+
+    monkeypatch.setattr(decoder_trt, "load_engine", load_engine)
+    path = tmp_path / "toy.fp32.engine"
+    path.write_bytes(b"engine")
+    opened = []
+
+    def make(cache):
+        opened.append(decoder_trt.TensorRTDecoder(path, EngineOptions(), cache=cache))
+        opened[-1].rt = rt
+        return opened[-1]
+
+    yield make
+    for dec in opened:
+        dec.close()
+
+
+def prompt_batch():
+    """Two rows, the second left-padded: (input_ids, attention_mask), (2, 5)."""
+    ids = np.array([[3, 7, 7, 1, 9], [0, 0, 4, 12, 4]], np.int64)
+    mask = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], np.int64)
+    return ids, mask
+
+
+@pytest.mark.parametrize("cache", ["window", "grow"])
+def test_prefill_then_decode_steps_match_the_whole_sequence_at_once(open_decoder, cache):
+    """Prefill on the prefill profile, then six one-token steps on the decode profile: every step's
+    logits equal those of the whole sequence so far run without a cache."""
+    dec = open_decoder(cache)
+    ids, mask = prompt_batch()
+    dec.reset(batch=2)
+    feeds = step_feeds(ids, mask)
+    logits = dec.step(feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"])
+    np.testing.assert_array_equal(logits, reference(ids, mask))
+    for i in range(6):
+        token = (logits.argmax(1) + i) % VOCAB  # tokens that depend on what came before
+        ids = np.concatenate([ids, token[:, None]], 1)
+        mask = np.concatenate([mask, np.ones((2, 1), np.int64)], 1)
+        feeds = step_feeds(ids[:, -1:], mask, seq=1)
+        logits = dec.step(feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"])
+        np.testing.assert_array_equal(logits, reference(ids, mask), err_msg=f"{cache} step {i}")
+    decode, prefill = dec.engine.contexts
+    assert (decode.profile, prefill.profile) == (0, 1) and (decode.runs, prefill.runs) == (6, 1)
+    assert dec.past == 11 and dec.last_gpu_ms == 0.5
+    assert dec.rt.copies2d == (7 if cache == "window" else 0)  # the window slides after every step
+
+
+@pytest.mark.parametrize("cache", ["window", "grow"])
+def test_reset_starts_a_new_batch_on_an_empty_cache(open_decoder, cache):
+    """A second sequence batch (another size) after a first gives the same logits as on a fresh decoder."""
+    dec = open_decoder(cache)
+    ids, mask = prompt_batch()
+    dec.reset(2)
+    dec.step(ids, mask, position_ids(mask))
+    dec.step(np.array([[5], [6]]), np.ones((2, 6), np.int64), np.array([[5], [3]]))
+    one_ids, one_mask = np.array([[2, 11, 2]]), np.ones((1, 3), np.int64)
+    dec.reset(1)
+    got = dec.step(one_ids, one_mask, position_ids(one_mask))
+    np.testing.assert_array_equal(got, reference(one_ids, one_mask))
+    more_ids, more_mask = np.concatenate([one_ids, [[8]]], 1), np.ones((1, 4), np.int64)
+    got = dec.step(more_ids[:, -1:], more_mask, position_ids(more_mask, 1))
+    np.testing.assert_array_equal(got, reference(more_ids, more_mask))
+
+
+def test_steps_outside_the_engine_are_refused_before_running(open_decoder):
+    dec = open_decoder("window")
+    with pytest.raises(InputError, match=r"call reset\(batch\) before step"):
+        dec.step(np.ones((1, 2), np.int64), np.ones((1, 2), np.int64), np.zeros((1, 2), np.int64))
+    dec.reset(1)
+    with pytest.raises(InputError, match="attention_mask must be"):
+        dec.step(np.ones((1, 2), np.int64), np.ones((1, 3), np.int64), np.zeros((1, 2), np.int64))
+    with pytest.raises(InputError, match="exceeds the engine's longest prompt"):
+        long = np.ones((1, MAX_PROMPT + 1), np.int64)
+        dec.step(long, long, position_ids(long))
+    assert [c.runs for c in dec.engine.contexts] == [0, 0]

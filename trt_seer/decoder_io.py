@@ -1,0 +1,51 @@
+"""The decoder I/O contract: one place for the names, positions, empty cache and step feeds of a
+causal-LM graph with a KV cache, shared by export (writes it), eval (teacher forcing, gates) and
+runtime (steps it). Needs only numpy, so every stage may import it.
+
+    inputs, outputs = decoder_io(num_layers)   # input_ids, attention_mask, position_ids, past_key_values.{i}.key/value
+    feeds = step_feeds(ids, mask, seq=1)       # position_ids counted over real tokens
+
+Cache tensors are (batch, kv_heads, past, head_dim); `present.{i}.key/value` come out with past+seq.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+TOKEN_AXES = {0: "batch", 1: "seq"}  # the dynamic axes of token tensors
+TOKEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
+KV_KINDS = ("key", "value")
+PAST_PREFIX, PRESENT_PREFIX = "past_key_values.", "present."
+
+
+def decoder_io(num_layers: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(inputs, outputs) of a causal-LM graph with a KV cache, in graph order."""
+    past = tuple(f"{PAST_PREFIX}{i}.{k}" for i in range(num_layers) for k in KV_KINDS)
+    present = tuple(f"{PRESENT_PREFIX}{i}.{k}" for i in range(num_layers) for k in KV_KINDS)
+    return TOKEN_INPUTS + past, ("logits",) + present
+
+
+def is_past(name: str) -> bool:
+    return name.startswith(PAST_PREFIX)
+
+
+def present_of(past_name: str) -> str:
+    """The output that carries input `past_name` to the next step."""
+    return PRESENT_PREFIX + past_name.removeprefix(PAST_PREFIX)
+
+
+def position_ids(mask: np.ndarray, seq: int | None = None) -> np.ndarray:
+    """Positions of the last `seq` tokens (all for None), counting real tokens only: left padding
+    does not shift them. (batch, seq) int64."""
+    positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None).astype(np.int64)
+    return positions if seq is None else positions[:, -seq:]
+
+
+def step_feeds(input_ids: np.ndarray, attention_mask: np.ndarray, seq: int | None = None) -> dict:
+    """The token feeds of one step: `input_ids` (batch, seq) and the mask over past + seq."""
+    seq = input_ids.shape[1] if seq is None else seq
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids(attention_mask, seq)}
+
+
+def empty_cache(batch: int, kv_heads: int, head_dim: int, dtype=np.float32) -> np.ndarray:
+    """One cache tensor with no past: (batch, kv_heads, 0, head_dim)."""
+    return np.zeros((batch, kv_heads, 0, head_dim), dtype=dtype)
