@@ -11,7 +11,6 @@ import functools
 import logging
 import importlib
 import os
-import sys
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -98,10 +97,13 @@ def available() -> bool:
 
 
 def logger(flavor: Flavor, verbose: bool = False):
-    """A TensorRT logger that prints at WARNING (VERBOSE with -v) and keeps the errors, so a
-    failed build can say why in one line."""
+    """A TensorRT logger that passes WARNING and worse (VERBOSE with -v) to the `trt_seer.tensorrt`
+    logger, never to stderr itself, and keeps the errors, so a failed build can say why in one line."""
     trt = flavor.trt
     threshold = trt.ILogger.Severity.VERBOSE if verbose else trt.ILogger.Severity.WARNING
+    out = logging.getLogger("trt_seer.tensorrt")
+    levels = {trt.ILogger.Severity.INTERNAL_ERROR: logging.CRITICAL, trt.ILogger.Severity.ERROR: logging.ERROR,
+              trt.ILogger.Severity.WARNING: logging.WARNING, trt.ILogger.Severity.INFO: logging.INFO}
 
     class _Logger(trt.ILogger):
         def __init__(self):
@@ -112,7 +114,7 @@ def logger(flavor: Flavor, verbose: bool = False):
             if severity <= trt.ILogger.Severity.ERROR:
                 self.errors.append(msg)
             if severity <= threshold and "BuildCanceled" not in msg:  # Ctrl-C: the CLI says "interrupted"
-                print(f"[TensorRT] {severity.name}: {msg}", file=sys.stderr)
+                out.log(levels.get(severity, logging.DEBUG), "[TensorRT] %s: %s", severity.name, msg)
 
     return _Logger()
 

@@ -33,6 +33,7 @@ import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.base import Model
 from trt_seer.runtime.jit_cache import RuntimeCacheFile
 from trt_seer.runtime.io import DeviceTensor, FeedCheck, IOSpec, out_view, token_axes, validate_out
+from trt_seer.runtime.limits import engine_token_limits
 from trt_seer.runtime.prepared_engine import EnginePreparedCall
 from trt_seer.runtime.slot import EnginePending, Plan, Slot, SlotPool
 
@@ -137,6 +138,7 @@ class TensorRTModel(Model):
         self._runtime, self.engine = self._deserialize()
         self.inputs, self.outputs = engine_specs(self.engine, self.flavor.trt)
         _check_io_names(self.manifest, self.inputs, self.outputs, self.path)
+        self.inputs = engine_token_limits(self.manifest, self.path).apply(self.inputs)
         self._check_feeds = FeedCheck(self.inputs)
         self._jit_cache = RuntimeCacheFile.for_engine(self.path, options.runtime_cache, self.flavor)
         self._configs: dict[int, object] = {}  # id(context) -> its IRuntimeConfig, kept as long as it
