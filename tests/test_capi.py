@@ -142,6 +142,16 @@ def test_example_times_repeated_calls(built, tiny_onnx):
     assert r.returncode == 0, r.stderr
     assert re.search(r"^per call: \d+\.\d us \(mean of 20\)$", r.stdout, re.M), r.stdout
     assert re.search(r"^per prepared call: \d+\.\d us \(mean of 20\)$", r.stdout, re.M), r.stdout
+    opened = re.search(r"^first open: (\d+) ms, resident memory \+(\d+) MB$", r.stdout, re.M)
+    assert opened and int(opened[1]) > 0 and int(opened[2]) > 10, r.stdout  # an interpreter and ONNX Runtime
+
+
+def test_example_asks_for_one_output(built, tiny_onnx):
+    r = run_example(built, tiny_onnx, "--options", OPTIONS, "--output", "sentence_embedding", "--repeat", 5)
+    assert r.returncode == 0, r.stderr
+    assert sorted(parse_outputs(r.stdout)) == ["sentence_embedding"] and "prepared call: the same outputs" in r.stdout
+    r = run_example(built, tiny_onnx, "--output", "pooler_output")
+    assert r.returncode == 2 and r.stderr == "the model has no output pooler_output\n"
 
 
 def test_missing_artifact_exits_with_the_status_and_one_line(built, tmp_path):

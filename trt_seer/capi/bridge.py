@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from typing import Sequence
 
 import numpy as np
@@ -149,17 +150,17 @@ def output_shapes(handle: Handle, names, codes, shapes, out_names) -> list[tuple
     """(dtype code, shape) per requested output for these input shapes, from the model's
     description: dynamic output axes take the size of the input axis of the same name."""
     plan = _plan(handle, names, codes, shapes, out_names)
-    for spec, shape in plan:
+    for spec, shape, _ in plan:
         if shape is None:
             raise errors.UnsupportedError(f"output {spec.name} axis {spec.shape.index(-1)} does not follow from "
                                           "the input shapes; size its buffer generously and read the shape "
                                           "trt_seer_run returns")
-    return [(dtype_code(spec.dtype), shape) for spec, shape in plan]
+    return [(dtype_code(spec.dtype), shape) for spec, shape, _ in plan]
 
 
 def _plan(handle: Handle, names, codes, shapes, out_names) -> list:
-    """[(output spec, shape or None where the input shapes do not give it)] for a call: the inputs'
-    names, dtypes and shapes validated (InputError) on the first call of each combination."""
+    """[(output spec, shape, bytes; None where the input shapes do not give them)] for a call: the
+    inputs' names, dtypes and shapes validated (InputError) on the first call of each combination."""
     key = (tuple(names), tuple(codes), tuple(shapes), tuple(out_names))
     plan = handle.plans.get(key)
     if plan is None:
@@ -170,7 +171,11 @@ def _plan(handle: Handle, names, codes, shapes, out_names) -> list:
             for axis, label in enumerate(spec.axes):
                 if label is not None:
                     sizes.setdefault(label, by_name[spec.name][axis])
-        plan = [(spec, _resolve(spec, sizes)) for spec in _output_specs(handle, out_names)]
+        plan = []
+        for spec in _output_specs(handle, out_names):
+            shape = _resolve(spec, sizes)
+            nbytes = None if shape is None else math.prod(shape) * np.dtype(spec.dtype).itemsize
+            plan.append((spec, shape, nbytes))
         if len(handle.plans) < 256:
             handle.plans[key] = plan
     return plan
@@ -186,10 +191,8 @@ def _resolve(spec, sizes: dict) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
-def _check_room(name: str, dtype: np.dtype, shape: tuple, buf) -> None:
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes > len(buf):
-        raise BufferTooSmall(f"output {name} is {dtype}{list(shape)} = {nbytes} bytes; its buffer holds {len(buf)}")
+def _too_small(name: str, dtype, shape, nbytes: int, buf) -> BufferTooSmall:
+    return BufferTooSmall(f"output {name} is {np.dtype(dtype)}{list(shape)} = {nbytes} bytes; its buffer holds {len(buf)}")
 
 
 def run(handle: Handle, names, codes, shapes, buffers, out_names, out_buffers) -> list[tuple[int, tuple]]:
@@ -197,14 +200,15 @@ def run(handle: Handle, names, codes, shapes, buffers, out_names, out_buffers) -
     any is written (before the run where the input shapes give the output's); copies each output
     into its buffer; returns (dtype code, shape)."""
     plan = _plan(handle, names, codes, shapes, out_names)
-    for (spec, shape), buf in zip(plan, out_buffers):
-        if shape is not None:
-            _check_room(spec.name, np.dtype(spec.dtype), shape, buf)
-    outputs = handle.model.infer(_feeds(names, codes, shapes, buffers), outputs=[spec.name for spec, _ in plan])
-    values = [np.ascontiguousarray(outputs[spec.name]) for spec, _ in plan]
+    for (spec, shape, nbytes), buf in zip(plan, out_buffers):
+        if nbytes is not None and nbytes > len(buf):
+            raise _too_small(spec.name, spec.dtype, shape, nbytes, buf)
+    outputs = handle.model.infer(_feeds(names, codes, shapes, buffers), outputs=[spec.name for spec, _, _ in plan])
+    values = [np.ascontiguousarray(outputs[spec.name]) for spec, _, _ in plan]
     result = []
-    for (spec, _), value, buf in zip(plan, values, out_buffers):
-        _check_room(spec.name, value.dtype, value.shape, buf)
+    for (spec, _, _), value, buf in zip(plan, values, out_buffers):
+        if value.nbytes > len(buf):
+            raise _too_small(spec.name, value.dtype, value.shape, value.nbytes, buf)
         code = DTYPE_CODES.get(value.dtype)
         if code is None:
             raise errors.UnsupportedError(f"output {spec.name} has dtype {value.dtype}, which trt_seer.h has no code for")

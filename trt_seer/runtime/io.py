@@ -10,6 +10,7 @@ which expose `__cuda_array_interface__` (torch.as_tensor(t, device="cuda"), cupy
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -215,12 +216,15 @@ def validate_feeds(specs: Sequence[IOSpec], feeds: Mapping, *, allow_device: boo
     return out
 
 
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # ndarray.min() without its Python wrapper
+
+
 def check_values(spec: IOSpec, value) -> None:
     """InputError for a token id outside `spec.id_range` (host arrays; a GPU tensor is not read)."""
     if spec.id_range is None or not isinstance(value, np.ndarray) or value.size == 0:
         return
     lo, hi = spec.id_range
-    if value.min() >= lo and value.max() < hi:
+    if _MIN(value, axis=None) >= lo and _MAX(value, axis=None) < hi:
         return
     bad = (value < lo) | (value >= hi)
     where = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), value.shape))
@@ -297,24 +301,31 @@ class FeedCheck:
         if key not in self._passed:
             return None
         for i, (lo, hi) in self._limited:  # values change every call: a bad one takes the full check
-            if values[i].min() < lo or values[i].max() >= hi:
+            if _MIN(values[i], axis=None) < lo or _MAX(values[i], axis=None) >= hi:
                 return None
         return values, key
 
 
 def _check_names(specs: Sequence[IOSpec], feeds: Mapping) -> None:
     wanted = [s.name for s in specs]
-    takes = ", ".join(s.describe() for s in specs)
     missing = [n for n in wanted if n not in feeds]
     unknown = sorted(str(n) for n in feeds if n not in wanted)
+    if not missing and not unknown:
+        return
+    takes = ", ".join(s.describe() for s in specs)
     if missing:
         raise InputError(f"missing input(s) {', '.join(missing)}; the model takes {takes}")
     if unknown:
         raise InputError(f"unknown input(s) {', '.join(unknown)}; the model takes {takes}")
 
 
+@functools.lru_cache(maxsize=None)
+def _np_dtype(name: str) -> np.dtype:
+    return np.dtype(name)
+
+
 def _check_one(spec: IOSpec, shape: tuple[int, ...], dtype: np.dtype) -> None:
-    if dtype.name != spec.dtype:
+    if dtype != _np_dtype(spec.dtype) and dtype.name != spec.dtype:  # (another byte order passes; it is copied)
         raise InputError(f"input {spec.name} has dtype {dtype.name}; the model takes {spec.dtype} "
                          f"(convert with .astype(np.{spec.dtype}))")
     if len(shape) != len(spec.shape):
