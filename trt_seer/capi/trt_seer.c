@@ -226,13 +226,16 @@ static int start_interpreter(void) {
     return 1;
 }
 
-/* GIL held: checks that the started interpreter is the one recorded (its prefix), imports trt_seer
- * from the recorded directory ahead of anything else on sys.path, then the bridge. */
+/* GIL held: checks that the started interpreter is the one recorded (its prefix) and keeps its
+ * trt_seer loggers off stderr (logging's last resort), imports trt_seer from the recorded directory
+ * ahead of anything else on sys.path, then the bridge. A Python host's interpreter is left as it is. */
 static const char START[] =
     "def start(prefix, package_dir):\n"
-    "    import sys\n"
+    "    import logging, sys\n"
     "    if prefix and sys.prefix != prefix:\n"
     "        return f'the embedded Python runs from {sys.prefix}, not {prefix} as built; rebuild the library'\n"
+    "    if prefix:  # our own interpreter: the trt_seer loggers have no one to print for\n"
+    "        logging.getLogger('trt_seer').addHandler(logging.NullHandler())\n"
     "    if package_dir:\n"
     "        sys.path.insert(0, package_dir)\n"
     "        try:\n"

@@ -36,6 +36,8 @@ class OrtOptions:
     spinning: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool):
+            raise InputError(f"threads must be an integer, got {self.threads!r}")
         if self.threads < 0:
             raise InputError(f"threads must be >= 0, got {self.threads}")
         if self.optimization not in OPTIMIZATION_LEVELS:
