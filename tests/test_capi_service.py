@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -209,3 +210,20 @@ print(json.dumps(asked), float(np.abs(emb).sum()) > 0)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [json.dumps([["sentence_embedding"]]), "True"]
+
+
+def test_bench_capi_compares_c_and_python_asking_for_the_same_output(tiny_onnx, tmp_path):
+    bench = HERE.parent / "tools" / "bench_capi.py"
+    md = tmp_path / "BENCHMARKS.md"
+    r = subprocess.run([sys.executable, str(bench), str(tiny_onnx), "--calls", "20", "--rounds", "1",
+                        "--append", str(md)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for path in ("C trt_seer_run", "C trt_seer_prepared_run", "Python infer(outputs=[output])",
+                 "Python prepared(outputs=[output]).run(feeds)", "ONNX Runtime session.run([output])"):
+        assert f"| {path} | " in r.stdout, path
+    assert "only `sentence_embedding` asked for on every path" in r.stdout
+    assert "C over Python infer: trt_seer_run " in r.stdout and "(budget: +30 us)" in r.stdout
+    assert re.search(r"First trt_seer_open .*: \d+ ms, resident memory \+\d+ MB", r.stdout)
+    section = md.read_text()
+    assert "## C ABI vs Python infer, tiny.fp32.onnx on onnxruntime, only sentence_embedding" in section
+    assert "- Command: `PYTHONPATH=. python tools/bench_capi.py " in section
