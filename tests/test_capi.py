@@ -25,12 +25,10 @@ pytestmark = [needs_cc, needs_libpython]
 OPTIONS = '{"threads": 1}'  # one intra-op thread on both sides: the same arithmetic, bit for bit
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """The library and the example, built by the command README.md gives."""
+def build_library(out: Path):
+    """The library and the example in `out`, built by the command README.md gives."""
     from trt_seer.capi.build import Built
 
-    out = tmp_path_factory.mktemp("capi")
     r = subprocess.run([sys.executable, "-m", "trt_seer.capi.build", "--out", str(out), "--example"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -41,18 +39,26 @@ def built(tmp_path_factory):
     return built
 
 
-@pytest.fixture(scope="module")
-def tiny_onnx(tmp_path_factory):
-    """A tiny BERT (feature-extraction: last_hidden_state, sentence_embedding) as ONNX."""
+def export_tiny_bert(root: Path) -> Path:
+    """A tiny BERT (feature-extraction: last_hidden_state, sentence_embedding) as ONNX in `root`."""
     from tiny import make_tiny_checkpoint
     from trt_seer.export.checkpoint import onnx_from_checkpoint
     from trt_seer.export.families import resolve_model
 
-    root = tmp_path_factory.mktemp("tinybert")
     ckpt = make_tiny_checkpoint("bert", "feature-extraction", root / "ckpt")
     dest = root / "tiny.fp32.onnx"
     onnx_from_checkpoint(resolve_model(ckpt), dest)
     return dest
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return build_library(tmp_path_factory.mktemp("capi"))
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tmp_path_factory):
+    return export_tiny_bert(tmp_path_factory.mktemp("tinybert"))
 
 
 def example_feeds(model, batch: int, seq: int) -> dict:

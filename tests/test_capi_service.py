@@ -15,13 +15,29 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_capi import (
+    build_library,
+    export_tiny_bert,
+    needs_cc,
+    needs_libpython,
+    run_example,
+)
 
-from test_capi import built, needs_cc, needs_libpython, run_example, tiny_onnx  # noqa: F401 (fixtures)
 from trt_seer.errors import InputError
 
 HERE = Path(__file__).resolve().parent
 CC = shutil.which(os.environ.get("CC") or "cc")
 ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=0"}  # the embedded interpreter is never finalized: all "leaks"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return build_library(tmp_path_factory.mktemp("capi"))
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tmp_path_factory):
+    return export_tiny_bert(tmp_path_factory.mktemp("tinybert"))
 
 
 def asan_works(tmp: Path) -> bool:
@@ -77,8 +93,8 @@ def test_bad_data_and_short_buffers_fail_before_any_work(service, tiny_onnx):
         "small_second_buffer": (4, "output sentence_embedding is float32[2, 32] = 256 bytes; its buffer holds 16"),
         "prepared_id_too_large": (1, f"input input_ids holds 128 at [1, 7]; {table}"),
         "prepared_id_negative": (1, "input input_ids holds -7 at [0, 0]; token ids are never negative"),
-        "prepared_small_second_buffer": (4, "output sentence_embedding is float32[2, 32] = 256 bytes; its buffer "
-                                            "holds 16"),
+        "prepared_small_second_buffer": (4, ("output sentence_embedding is float32[2, 32] = 256 bytes; its "
+                                             "buffer holds 16")),
         "threads_string": (1, 'option threads must be int, got "2"'),
         "null_shape": (1, "input input_ids has ndim 2 and no shape"),
         "input_info": (0, "input_ids max [-1, 128]"),  # the positions bound the seq axis in C too
@@ -106,9 +122,8 @@ def test_python_infer_refuses_the_same_data_before_onnxruntime(tiny_onnx, capfd)
         long = np.ones((1, 129), np.int64)
         with pytest.raises(InputError, match="129 positions; the model has 128"):
             m.infer({"input_ids": long, "attention_mask": long, "token_type_ids": 0 * long})
-        with m.prepare({k: v.shape for k, v in feeds.items()}) as call:
-            with pytest.raises(InputError, match="holds 128 at"):
-                call.run({**feeds, "input_ids": ids + 123})
+        with m.prepare({k: v.shape for k, v in feeds.items()}) as call, pytest.raises(InputError, match="holds 128 at"):
+            call.run({**feeds, "input_ids": ids + 123})
         assert m.infer(feeds)["sentence_embedding"].shape == (2, 32)  # the good feeds still run
     assert capfd.readouterr().err == ""
 
@@ -151,8 +166,8 @@ def test_close_while_other_threads_run_is_clean_under_asan(service, tiny_onnx):
     assert cases["calls"][0] == 0, cases["calls"]  # every call either ran or was refused as closed
 
 
-@pytest.mark.parametrize("mode", ["exit", "exit", "exit", "shutdown"])
-def test_returning_from_main_with_calls_in_flight_is_clean_under_asan(service, tiny_onnx, mode):
+@pytest.mark.parametrize(("mode", "attempt"), [("exit", 1), ("exit", 2), ("exit", 3), ("shutdown", 1)])
+def test_returning_from_main_with_calls_in_flight_is_clean_under_asan(service, tiny_onnx, mode, attempt):
     r = run_service(service, tiny_onnx, mode)
     assert r.returncode == 0 and r.stderr == "", (r.returncode, r.stderr[-3000:])
     cases = rows(r.stdout)

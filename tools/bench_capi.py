@@ -102,17 +102,17 @@ def main() -> None:
 
 def report(args, backend: str, times: dict) -> str:
     med = {path: statistics.median(values) for path, values in times.items()}
-    lines = [f"{args.artifact.name} on {backend}, batch {args.batch}, seq {args.seq}, only `{args.output}` asked "
-             f"for on every path, {args.calls} calls x {args.rounds} rounds (median of rounds, min in brackets):", "",
-             "| path | per call |", "|---|---:|"]
+    lines = [(f"{args.artifact.name} on {backend}, batch {args.batch}, seq {args.seq}, only `{args.output}` asked "
+              f"for on every path, {args.calls} calls x {args.rounds} rounds (median of rounds, min in brackets):"),
+             "", "| path | per call |", "|---|---:|"]
     for path, values in times.items():
         if not path.startswith("first open"):
             lines.append(f"| {path} | {med[path]:.1f} us ({min(values):.1f}) |")
     python = med["Python infer(outputs=[output])"]
-    lines += ["", f"C over Python infer: trt_seer_run {med['C trt_seer_run'] - python:+.1f} us, "
-                  f"trt_seer_prepared_run {med['C trt_seer_prepared_run'] - python:+.1f} us (budget: +30 us).",
-              f"First trt_seer_open (embedded Python start, imports, the model): {med['first open ms']:.0f} ms, "
-              f"resident memory +{med['first open MB']:.0f} MB (median of {args.rounds} processes)."]
+    lines += ["", (f"C over Python infer: trt_seer_run {med['C trt_seer_run'] - python:+.1f} us, "
+                   f"trt_seer_prepared_run {med['C trt_seer_prepared_run'] - python:+.1f} us (budget: +30 us)."),
+              (f"First trt_seer_open (embedded Python start, imports, the model): {med['first open ms']:.0f} ms, "
+               f"resident memory +{med['first open MB']:.0f} MB (median of {args.rounds} processes).")]
     return "\n".join(lines)
 
 

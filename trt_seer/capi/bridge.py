@@ -65,7 +65,8 @@ def open_model(path: str, backend: str, options_json: str) -> Handle:
     return Handle(load(path, backend=backend or "auto", **options))
 
 
-JSON_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "Path": (str,), "None": (type(None),)}
+JSON_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "Path": (str,),
+              "None": (type(None),)}
 
 
 def check_option_types(options: dict) -> None:
@@ -192,7 +193,8 @@ def _resolve(spec, sizes: dict) -> tuple[int, ...] | None:
 
 
 def _too_small(name: str, dtype, shape, nbytes: int, buf) -> BufferTooSmall:
-    return BufferTooSmall(f"output {name} is {np.dtype(dtype)}{list(shape)} = {nbytes} bytes; its buffer holds {len(buf)}")
+    return BufferTooSmall(f"output {name} is {np.dtype(dtype)}{list(shape)} = {nbytes} bytes; "
+                          f"its buffer holds {len(buf)}")
 
 
 def run(handle: Handle, names, codes, shapes, buffers, out_names, out_buffers) -> list[tuple[int, tuple]]:

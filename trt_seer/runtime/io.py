@@ -319,7 +319,7 @@ def _check_names(specs: Sequence[IOSpec], feeds: Mapping) -> None:
         raise InputError(f"unknown input(s) {', '.join(unknown)}; the model takes {takes}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _np_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import mmap
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from trt_seer.runtime.io import IOSpec
 
