@@ -9,6 +9,7 @@ build it with the interpreter the service should use; docs/RUNTIME.md explains t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -56,9 +57,12 @@ def python_flags() -> tuple[list[str], list[str]]:
     here = str(Path(__import__("trt_seer").__file__).resolve().parent.parent)
     paths = sysconfig.get_paths()
     # Where this Python lives, checked at open: the library starts this interpreter, isolated from
-    # the service's PYTHON* variables, and imports this trt_seer.
+    # the service's PYTHON* variables, imports this trt_seer, and finds this command's packages on
+    # the sys.path it has now (PYTHONPATH and user-site entries included: they are recorded here).
+    search = os.pathsep.join(p for p in sys.path if p and os.path.isabs(p))
     cflags = [f"-I{paths['include']}", f'-DTRT_SEER_PYTHON="{sys.executable}"', f'-DTRT_SEER_PREFIX="{sys.prefix}"',
-              f'-DTRT_SEER_STDLIB="{paths["stdlib"]}"', f'-DTRT_SEER_PACKAGE_DIR="{here}"']
+              f'-DTRT_SEER_STDLIB="{paths["stdlib"]}"', f'-DTRT_SEER_PACKAGE_DIR="{here}"',
+              f"-DTRT_SEER_SYS_PATH={json.dumps(search, ensure_ascii=False)}"]
     ldflags = [f"-L{libdir}", f"-Wl,-rpath,{libdir}", f"-lpython{version}", *(get("LIBS") or "").split(),
                *(get("SYSLIBS") or "").split(), "-lpthread"]
     return cflags, ldflags

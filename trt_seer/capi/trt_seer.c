@@ -38,6 +38,9 @@
 #ifndef TRT_SEER_PACKAGE_DIR
 #define TRT_SEER_PACKAGE_DIR ""
 #endif
+#ifndef TRT_SEER_SYS_PATH /* the building interpreter's sys.path, os.pathsep-separated */
+#define TRT_SEER_SYS_PATH ""
+#endif
 
 /* What close and shutdown wait on; never freed, so that a call made during or after a close finds
  * `closed` set instead of freed memory. */
@@ -226,15 +229,20 @@ static int start_interpreter(void) {
     return 1;
 }
 
-/* GIL held: checks that the started interpreter is the one recorded (its prefix) and keeps its
- * trt_seer loggers off stderr (logging's last resort), imports trt_seer from the recorded directory
- * ahead of anything else on sys.path, then the bridge. A Python host's interpreter is left as it is. */
+/* GIL held: checks that the started interpreter is the one recorded (its prefix), adds the build's
+ * sys.path entries it lacks (PYTHONPATH and user site at build time: the isolated configuration
+ * reads neither) and keeps its trt_seer loggers off stderr (logging's last resort); imports trt_seer
+ * from the recorded directory ahead of anything else on sys.path, then the bridge. A Python host's
+ * interpreter is left as it is. */
 static const char START[] =
-    "def start(prefix, package_dir):\n"
-    "    import logging, sys\n"
+    "def start(prefix, package_dir, search):\n"
+    "    import logging, os, site, sys\n"
     "    if prefix and sys.prefix != prefix:\n"
     "        return f'the embedded Python runs from {sys.prefix}, not {prefix} as built; rebuild the library'\n"
-    "    if prefix:  # our own interpreter: the trt_seer loggers have no one to print for\n"
+    "    if prefix:  # our own interpreter: the build's extra sys.path entries; no logs to print\n"
+    "        for entry in search.split(os.pathsep):\n"
+    "            if entry and entry not in sys.path and os.path.isdir(entry):\n"
+    "                site.addsitedir(entry) if entry.endswith('-packages') else sys.path.append(entry)\n"
     "        logging.getLogger('trt_seer').addHandler(logging.NullHandler())\n"
     "    if package_dir:\n"
     "        sys.path.insert(0, package_dir)\n"
@@ -250,7 +258,9 @@ static void import_bridge(void) {
     if (globals && PyDict_SetItemString(globals, "__builtins__", PyEval_GetBuiltins()) == 0)
         r = PyRun_String(START, Py_file_input, globals, globals);
     PyObject *start = r ? PyDict_GetItemString(globals, "start") : NULL; /* borrowed */
-    if (start) why = PyObject_CallFunction(start, "ss", own_interpreter ? TRT_SEER_PREFIX : "", TRT_SEER_PACKAGE_DIR);
+    if (start)
+        why = PyObject_CallFunction(start, "sss", own_interpreter ? TRT_SEER_PREFIX : "", TRT_SEER_PACKAGE_DIR,
+                                    TRT_SEER_SYS_PATH);
     const char *text = why ? PyUnicode_AsUTF8(why) : NULL;
     if (text && *text)
         snprintf(init_error, sizeof init_error, "%s", text);
