@@ -25,12 +25,10 @@ pytestmark = [needs_cc, needs_libpython]
 OPTIONS = '{"threads": 1}'  # one intra-op thread on both sides: the same arithmetic, bit for bit
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """The library and the example, built by the command README.md gives."""
+def build_library(out: Path):
+    """The library and the example in `out`, built by the command README.md gives."""
     from trt_seer.capi.build import Built
 
-    out = tmp_path_factory.mktemp("capi")
     r = subprocess.run([sys.executable, "-m", "trt_seer.capi.build", "--out", str(out), "--example"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -41,18 +39,26 @@ def built(tmp_path_factory):
     return built
 
 
-@pytest.fixture(scope="module")
-def tiny_onnx(tmp_path_factory):
-    """A tiny BERT (feature-extraction: last_hidden_state, sentence_embedding) as ONNX."""
+def export_tiny_bert(root: Path) -> Path:
+    """A tiny BERT (feature-extraction: last_hidden_state, sentence_embedding) as ONNX in `root`."""
     from tiny import make_tiny_checkpoint
     from trt_seer.export.checkpoint import onnx_from_checkpoint
     from trt_seer.export.families import resolve_model
 
-    root = tmp_path_factory.mktemp("tinybert")
     ckpt = make_tiny_checkpoint("bert", "feature-extraction", root / "ckpt")
     dest = root / "tiny.fp32.onnx"
     onnx_from_checkpoint(resolve_model(ckpt), dest)
     return dest
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return build_library(tmp_path_factory.mktemp("capi"))
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tmp_path_factory):
+    return export_tiny_bert(tmp_path_factory.mktemp("tinybert"))
 
 
 def example_feeds(model, batch: int, seq: int) -> dict:
@@ -119,10 +125,19 @@ def test_the_c_client_in_docs_runtime_md_runs_as_written(built, tiny_onnx, tmp_p
         np.testing.assert_allclose(np.float32(line.split(": ")[1]), value.ravel()[0], rtol=1e-5, atol=1e-6)
 
 
-def test_example_imports_no_torch(built, tiny_onnx):
-    r = run_example(built, tiny_onnx, "--options", OPTIONS, env={"PYTHONPROFILEIMPORTTIME": "1"})
+def test_open_and_run_import_no_torch(built, tiny_onnx):
+    """What the library imports to open and run a model, seen from a Python host (the embedded
+    interpreter ignores PYTHONPROFILEIMPORTTIME like every PYTHON* variable)."""
+    script = f"""
+import ctypes, sys
+lib = ctypes.CDLL({str(built.library)!r})
+model = ctypes.c_void_p()
+assert lib.trt_seer_open({str(tiny_onnx).encode()!r}, None, None, ctypes.byref(model)) == 0
+print(" ".join(sorted(sys.modules)))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    imported = {ln.rsplit("|", 1)[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+    imported = set(r.stdout.split())
     assert "onnxruntime" in imported and "trt_seer.capi.bridge" in imported  # the listing is real
     heavy = sorted(n for n in imported if n.split(".")[0] in ("torch", "transformers", "onnx"))
     assert heavy == []
@@ -133,6 +148,16 @@ def test_example_times_repeated_calls(built, tiny_onnx):
     assert r.returncode == 0, r.stderr
     assert re.search(r"^per call: \d+\.\d us \(mean of 20\)$", r.stdout, re.M), r.stdout
     assert re.search(r"^per prepared call: \d+\.\d us \(mean of 20\)$", r.stdout, re.M), r.stdout
+    opened = re.search(r"^first open: (\d+) ms, resident memory \+(\d+) MB$", r.stdout, re.M)
+    assert opened and int(opened[1]) > 0 and int(opened[2]) > 10, r.stdout  # an interpreter and ONNX Runtime
+
+
+def test_example_asks_for_one_output(built, tiny_onnx):
+    r = run_example(built, tiny_onnx, "--options", OPTIONS, "--output", "sentence_embedding", "--repeat", 5)
+    assert r.returncode == 0, r.stderr
+    assert sorted(parse_outputs(r.stdout)) == ["sentence_embedding"] and "prepared call: the same outputs" in r.stdout
+    r = run_example(built, tiny_onnx, "--output", "pooler_output")
+    assert r.returncode == 2 and r.stderr == "the model has no output pooler_output\n"
 
 
 def test_missing_artifact_exits_with_the_status_and_one_line(built, tmp_path):

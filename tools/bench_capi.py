@@ -1,11 +1,16 @@
-"""Per-call time of the C ABI against Python's `Model.infer` and ONNX Runtime's own `run`.
+"""Per-call time of the C ABI against Python's `Model.infer`, both asking for the same outputs, and
+what the first `trt_seer_open` costs.
 
-    python tools/bench_capi.py engines/tiny.fp32.onnx [--batch 2] [--seq 8] [--calls 2000] [--rounds 5]
+    PYTHONPATH=. python tools/bench_capi.py ARTIFACT [--output sentence_embedding] [--backend auto]
+        [--batch 2] [--seq 8] [--calls 2000] [--rounds 5] [--append docs/BENCHMARKS.md]
 
 Builds libtrt_seer.so and trt_seer_example (python -m trt_seer.capi.build) into a temp dir, then
-alternates rounds of: the example's `--repeat` loop (trt_seer_run from C), `Model.infer` from
-Python, and a bare ONNX Runtime session with the same options (the floor both sit on). All run on
-one intra-op thread with the example's inputs; prints the median of the rounds per path.
+alternates rounds of: the example's `--repeat` loop asking only `--output` (trt_seer_run and
+trt_seer_prepared_run, from C), `Model.infer(feeds, outputs=[--output])` and
+`Model.prepare(shapes, outputs=[--output]).run(feeds)` from Python, and, on ONNX Runtime, a bare
+session computing the same output (the floor). Same artifact, backend, options ({"threads": 1}) and
+inputs (the example's) everywhere; prints the median (min) of the rounds per path, C's overhead over
+Python's infer, and the first open's wall time and resident-memory growth as the example measures them.
 """
 from __future__ import annotations
 
@@ -15,13 +20,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+OPTIONS = '{"threads": 1}'
 
 
 def example_feeds(model, batch: int, seq: int) -> dict:
@@ -31,27 +36,37 @@ def example_feeds(model, batch: int, seq: int) -> dict:
 
 
 def per_call_us(fn, calls: int) -> float:
+    import time
+
+    fn()  # warm-up, as the example's loops follow one call each way
     start = time.perf_counter()
     for _ in range(calls):
         fn()
     return 1e6 * (time.perf_counter() - start) / calls
 
 
-def c_round(example: Path, args) -> tuple[float, float]:
-    """(trt_seer_run, trt_seer_prepared_run) microseconds per call, from one run of the example."""
-    r = subprocess.run([str(example), str(args.artifact), "--batch", str(args.batch), "--seq", str(args.seq),
-                        "--options", '{"threads": 1}', "--repeat", str(args.calls)],
-                       capture_output=True, text=True, check=True)
-    return tuple(float(re.search(rf"^per {kind}call: ([\d.]+) us", r.stdout, re.M)[1]) for kind in ("", "prepared "))
+def c_round(example: Path, args) -> dict:
+    """{path: us per call} and the first open's cost, from one run of the example."""
+    r = subprocess.run([str(example), str(args.artifact), "--backend", args.backend, "--batch", str(args.batch),
+                        "--seq", str(args.seq), "--options", OPTIONS, "--repeat", str(args.calls),
+                        "--output", args.output], capture_output=True, text=True, check=True)
+    found = {f"C {name}": float(re.search(rf"^per {kind}call: ([\d.]+) us", r.stdout, re.M)[1])
+             for name, kind in (("trt_seer_run", ""), ("trt_seer_prepared_run", "prepared "))}
+    opened = re.search(r"^first open: (\d+) ms, resident memory \+(-?\d+) MB", r.stdout, re.M)
+    found["first open ms"], found["first open MB"] = float(opened[1]), float(opened[2])
+    return found
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("artifact", type=Path, help="an .onnx artifact (or an engine: runs where load() puts it)")
+    parser.add_argument("artifact", type=Path, help="an engine or .onnx artifact")
+    parser.add_argument("--output", default="sentence_embedding", help="the one output every path asks for")
+    parser.add_argument("--backend", default="auto", choices=("auto", "tensorrt", "onnxruntime"))
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=8)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--append", type=Path, help="append the result as a section of this BENCHMARKS.md")
     args = parser.parse_args()
 
     from trt_seer.capi.build import build
@@ -59,26 +74,46 @@ def main() -> None:
     from trt_seer.runtime.ort import OrtOptions, create_session
 
     built = build(Path(tempfile.mkdtemp(prefix="trt_seer_capi_")), example=True)
-    model = load(args.artifact, threads=1)
+    model = load(args.artifact, backend=args.backend, threads=1)
     feeds = example_feeds(model, args.batch, args.seq)
-    names = list(model.output_names)
+    wanted = [args.output]
     session = create_session(model.path, OrtOptions(threads=1)) if model.backend == "onnxruntime" else None
-    prepared = model.prepare({name: value.shape for name, value in feeds.items()})
-    times = {"C trt_seer_run": [], "C trt_seer_prepared_run": [], "Python Model.infer": [],
-             "Python prepared.run(feeds)": [], "ONNX Runtime session.run": []}
+    prepared = model.prepare({name: value.shape for name, value in feeds.items()}, outputs=wanted)
+    times: dict[str, list[float]] = {}
     for _ in range(args.rounds):
-        c_run, c_prepared = c_round(built.example, args)
-        times["C trt_seer_run"].append(c_run)
-        times["C trt_seer_prepared_run"].append(c_prepared)
-        times["Python Model.infer"].append(per_call_us(lambda: model.infer(feeds), args.calls))
-        times["Python prepared.run(feeds)"].append(per_call_us(lambda: prepared.run(feeds), args.calls))
+        for path, value in c_round(built.example, args).items():
+            times.setdefault(path, []).append(value)
+        times.setdefault("Python infer(outputs=[output])", []).append(
+            per_call_us(lambda: model.infer(feeds, outputs=wanted), args.calls))
+        times.setdefault("Python prepared(outputs=[output]).run(feeds)", []).append(
+            per_call_us(lambda: prepared.run(feeds), args.calls))
         if session is not None:
-            times["ONNX Runtime session.run"].append(per_call_us(lambda: session.run(names, feeds), args.calls))
-    print(f"{args.artifact.name} on {model.backend}, batch {args.batch}, seq {args.seq}, "
-          f"{args.calls} calls x {args.rounds} rounds (median of rounds, min in brackets)")
+            times.setdefault("ONNX Runtime session.run([output])", []).append(
+                per_call_us(lambda: session.run(wanted, feeds), args.calls))
+    print(report(args, model.backend, times))
+    if args.append:
+        from trt_seer.bench.host import machine_text
+        from trt_seer.bench.report import append_benchmark
+
+        title = f"C ABI vs Python infer, {args.artifact.name} on {model.backend}, only {args.output}"
+        command = "PYTHONPATH=. python tools/bench_capi.py " + " ".join(sys.argv[1:])
+        append_benchmark(args.append, title, command, machine_text(), report(args, model.backend, times))
+
+
+def report(args, backend: str, times: dict) -> str:
+    med = {path: statistics.median(values) for path, values in times.items()}
+    lines = [(f"{args.artifact.name} on {backend}, batch {args.batch}, seq {args.seq}, only `{args.output}` asked "
+              f"for on every path, {args.calls} calls x {args.rounds} rounds (median of rounds, min in brackets):"),
+             "", "| path | per call |", "|---|---:|"]
     for path, values in times.items():
-        if values:
-            print(f"| {path} | {statistics.median(values):.1f} us | ({min(values):.1f}) |")
+        if not path.startswith("first open"):
+            lines.append(f"| {path} | {med[path]:.1f} us ({min(values):.1f}) |")
+    python = med["Python infer(outputs=[output])"]
+    lines += ["", (f"C over Python infer: trt_seer_run {med['C trt_seer_run'] - python:+.1f} us, "
+                   f"trt_seer_prepared_run {med['C trt_seer_prepared_run'] - python:+.1f} us (budget: +30 us)."),
+              (f"First trt_seer_open (embedded Python start, imports, the model): {med['first open ms']:.0f} ms, "
+               f"resident memory +{med['first open MB']:.0f} MB (median of {args.rounds} processes).")]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from trt_seer.export import onnxio
 from trt_seer.export.families import ModelInfo
 from trt_seer.files import sha256_json
 from trt_seer.records import (Artifacts, checkpoint_fingerprint, inherit, source_identity,  # noqa: F401
-                              up_to_date, write_record)
+                              token_limits, up_to_date, write_record)
 
 log = logging.getLogger(__name__)
 def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
@@ -34,7 +34,7 @@ def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
     report = onnx_from_checkpoint(info, dest)
     log.info("export verified against PyTorch: %s", _fmt_verification(report))
     record = {"kind": "onnx", "precision": "fp32", "key": key, "name": info.name, "task": info.task,
-              "model_type": info.model_type, "source": source,
+              "model_type": info.model_type, "source": source, "limits": token_limits(info),
               "io": onnxio.describe_io(onnxio.load(dest, False)), "verification": report}
     if is_decoder(info):
         from trt_seer.export.decoder import decoder_section
@@ -157,7 +157,7 @@ def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tupl
 
 def engine_extra(onnx_record: dict, onnx_path: Path, spec) -> dict:
     """The manifest sections an engine takes from the record of the graph it is built from."""
-    extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source", "decoder") if k in onnx_record}
+    extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source", "decoder", "limits") if k in onnx_record}
     if "decoder" in extra:  # the engine's limits are its profiles' (engine/profiles.py)
         from trt_seer.engine.profiles import check_total
 
@@ -197,7 +197,8 @@ def fp16_decoder_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> d
     report, wmap = fp16_onnx_from_decoder(info, dest)
     log.info("export verified against PyTorch FP16: %s", _fmt_verification(report))
     return write_record(dest, {"kind": "onnx", "precision": "fp16", "key": key, "name": info.name, "task": info.task,
-                               "model_type": info.model_type, "source": source, "export": "float16 from the checkpoint",
+                               "model_type": info.model_type, "source": source, "limits": token_limits(info),
+                               "export": "float16 from the checkpoint",
                                "io": onnxio.describe_io(onnxio.load(dest, False)), "verification": report,
                                "decoder": decoder_section(info, dest, kv_dtype="float16"),
                                "accuracy": {"onnx_vs_pytorch_fp16": {

@@ -91,7 +91,17 @@ def write_record(artifact: Path, record: dict) -> dict:
 
 def inherit(record: dict) -> dict:
     """What a derived ONNX record takes over from the record it was made from."""
-    keep = ("kind", "name", "task", "model_type", "source", "io", "decoder")
+    keep = ("kind", "name", "task", "model_type", "source", "io", "decoder", "limits")
     return {k: record[k] for k in keep if k in record}
 
 
+
+
+def token_limits(info) -> dict:
+    """What valid token ids and lengths are for this checkpoint (the runtime checks feeds against
+    them): {vocab_size, type_vocab_size, max_positions}, those the config gives."""
+    from trt_seer.export.families import max_positions
+
+    lim = {"vocab_size": info.config.get("vocab_size"), "type_vocab_size": info.config.get("type_vocab_size"),
+           "max_positions": max_positions(info)}
+    return {k: int(v) for k, v in lim.items() if v}

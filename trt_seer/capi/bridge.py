@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from typing import Sequence
 
 import numpy as np
 
 from trt_seer import errors
 from trt_seer.runtime import Model, load
+from trt_seer.runtime.io import validate_feeds
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
 # trt_seer_status codes, most specific class first.
@@ -46,6 +48,7 @@ class Handle:
     def __init__(self, model: Model):
         self.model, self.backend = model, model.backend
         self.outputs = {s.name: s for s in model.outputs}
+        self.plans: dict[tuple, list] = {}  # a call's checked inputs -> its outputs' shapes (_plan)
 
     def close(self) -> None:
         self.model.close()
@@ -58,16 +61,47 @@ def open_model(path: str, backend: str, options_json: str) -> Handle:
         raise errors.InputError(f"options are not JSON ({e}): {options_json!r}") from e
     if not isinstance(options, dict):
         raise errors.InputError(f"options must be a JSON object, got {options_json!r}")
+    check_option_types(options)
     return Handle(load(path, backend=backend or "auto", **options))
 
 
+JSON_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "Path": (str,),
+              "None": (type(None),)}
+
+
+def check_option_types(options: dict) -> None:
+    """InputError for an option whose JSON value has the wrong type ({"threads": "2"}); names
+    neither backend takes are left to load(), which lists them."""
+    import dataclasses
+
+    from trt_seer.runtime.engine import EngineOptions
+    from trt_seer.runtime.ort import OrtOptions
+
+    declared = {f.name: str(f.type) for cls in (EngineOptions, OrtOptions) for f in dataclasses.fields(cls)}
+    for key, value in options.items():
+        if key not in declared:
+            continue
+        names = [t.strip() for t in declared[key].split("|")]
+        allowed = tuple(t for n in names for t in JSON_TYPES.get(n, ()))
+        if allowed and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
+            raise errors.InputError(f"option {key} must be {' or '.join(names)}, got {json.dumps(value)}")
+
+
 def describe(handle: Handle) -> tuple[list, list]:
-    """Per input and output: (name, dtype code, shape, min_shape, max_shape), -1 where unknown."""
+    """Per input and output: (name, dtype code, shape, min_shape, max_shape, id_lo, id_hi), -1
+    where unknown; a "seq" axis the model's positions bound has that bound in max_shape; [id_lo,
+    id_hi) bounds a token input's values (id_hi -1: no bound)."""
 
     def one(spec):
         unknown = (-1,) * len(spec.shape)
+        hi = spec.max_shape
+        if hi is None and spec.max_positions is not None:
+            hi = tuple(spec.max_positions if a == "seq" else -1 for a in spec.axes)
+        elif hi is not None and spec.max_positions is not None:
+            hi = tuple(min(d, spec.max_positions) if a == "seq" else d for d, a in zip(hi, spec.axes))
+        lo, top = spec.id_range or (0, -1)
         return (spec.name, dtype_code(spec.dtype), tuple(spec.shape),
-                tuple(spec.min_shape or unknown), tuple(spec.max_shape or unknown))
+                tuple(spec.min_shape or unknown), tuple(hi or unknown), lo, top)
 
     return [one(s) for s in handle.model.inputs], [one(s) for s in handle.model.outputs]
 
@@ -116,45 +150,73 @@ def _output_specs(handle: Handle, out_names: Sequence[str | None]):
 def output_shapes(handle: Handle, names, codes, shapes, out_names) -> list[tuple[int, tuple]]:
     """(dtype code, shape) per requested output for these input shapes, from the model's
     description: dynamic output axes take the size of the input axis of the same name."""
-    from trt_seer.runtime.io import validate_feeds
-
-    model = handle.model
-    validate_feeds(model.inputs, _feeds(names, codes, shapes, [None] * len(names)))
-    sizes, by_name = {}, dict(zip(names, shapes))
-    for spec in model.inputs:
-        for axis, label in enumerate(spec.axes):
-            if label is not None:
-                sizes.setdefault(label, by_name[spec.name][axis])
-    return [(dtype_code(spec.dtype), _resolve(spec, sizes)) for spec in _output_specs(handle, out_names)]
+    plan = _plan(handle, names, codes, shapes, out_names)
+    for spec, shape, _ in plan:
+        if shape is None:
+            raise errors.UnsupportedError(f"output {spec.name} axis {spec.shape.index(-1)} does not follow from "
+                                          "the input shapes; size its buffer generously and read the shape "
+                                          "trt_seer_run returns")
+    return [(dtype_code(spec.dtype), shape) for spec, shape, _ in plan]
 
 
-def _resolve(spec, sizes: dict) -> tuple[int, ...]:
+def _plan(handle: Handle, names, codes, shapes, out_names) -> list:
+    """[(output spec, shape, bytes; None where the input shapes do not give them)] for a call: the
+    inputs' names, dtypes and shapes validated (InputError) on the first call of each combination."""
+    key = (tuple(names), tuple(codes), tuple(shapes), tuple(out_names))
+    plan = handle.plans.get(key)
+    if plan is None:
+        model = handle.model
+        validate_feeds(model.inputs, _feeds(names, codes, shapes, [None] * len(names)))
+        sizes, by_name = {}, dict(zip(names, shapes))
+        for spec in model.inputs:
+            for axis, label in enumerate(spec.axes):
+                if label is not None:
+                    sizes.setdefault(label, by_name[spec.name][axis])
+        plan = []
+        for spec in _output_specs(handle, out_names):
+            shape = _resolve(spec, sizes)
+            nbytes = None if shape is None else math.prod(shape) * np.dtype(spec.dtype).itemsize
+            plan.append((spec, shape, nbytes))
+        if len(handle.plans) < 256:
+            handle.plans[key] = plan
+    return plan
+
+
+def _resolve(spec, sizes: dict) -> tuple[int, ...] | None:
     dims = []
     for axis, d in enumerate(spec.shape):
         label = spec.axes[axis] if axis < len(spec.axes) else None
         if d < 0 and label not in sizes:
-            raise errors.UnsupportedError(f"output {spec.name} axis {axis} does not follow from the input "
-                                          "shapes; size its buffer generously and read the shape "
-                                          "trt_seer_run returns")
+            return None
         dims.append(int(sizes[label]) if d < 0 else d)
     return tuple(dims)
 
 
+def _too_small(name: str, dtype, shape, nbytes: int, buf) -> BufferTooSmall:
+    return BufferTooSmall(f"output {name} is {np.dtype(dtype)}{list(shape)} = {nbytes} bytes; "
+                          f"its buffer holds {len(buf)}")
+
+
 def run(handle: Handle, names, codes, shapes, buffers, out_names, out_buffers) -> list[tuple[int, tuple]]:
-    """Runs one batch; copies each requested output into its buffer; returns (dtype code, shape)."""
-    specs = _output_specs(handle, out_names)
-    outputs = handle.model.infer(_feeds(names, codes, shapes, buffers))
+    """Runs one batch computing only the requested outputs; every buffer's size is checked before
+    any is written (before the run where the input shapes give the output's); copies each output
+    into its buffer; returns (dtype code, shape)."""
+    plan = _plan(handle, names, codes, shapes, out_names)
+    for (spec, shape, nbytes), buf in zip(plan, out_buffers):
+        if nbytes is not None and nbytes > len(buf):
+            raise _too_small(spec.name, spec.dtype, shape, nbytes, buf)
+    outputs = handle.model.infer(_feeds(names, codes, shapes, buffers), outputs=[spec.name for spec, _, _ in plan])
+    values = [np.ascontiguousarray(outputs[spec.name]) for spec, _, _ in plan]
     result = []
-    for spec, buf in zip(specs, out_buffers):
-        value = np.ascontiguousarray(outputs[spec.name])
+    for (spec, _, _), value, buf in zip(plan, values, out_buffers):
         if value.nbytes > len(buf):
-            raise BufferTooSmall(f"output {spec.name} is {value.dtype}{list(value.shape)} = {value.nbytes} "
-                                 f"bytes; its buffer holds {len(buf)}")
-        np.copyto(np.frombuffer(buf, value.dtype, count=value.size).reshape(value.shape), value)
+            raise _too_small(spec.name, value.dtype, value.shape, value.nbytes, buf)
         code = DTYPE_CODES.get(value.dtype)
         if code is None:
             raise errors.UnsupportedError(f"output {spec.name} has dtype {value.dtype}, which trt_seer.h has no code for")
         result.append((code, value.shape))
+    for value, buf in zip(values, out_buffers):
+        np.copyto(np.frombuffer(buf, value.dtype, count=value.size).reshape(value.shape), value)
     return result
 
 

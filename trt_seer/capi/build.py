@@ -1,6 +1,6 @@
 """Compiles libtrt_seer.so (and the example) with the system C compiler; prints the link flags.
 
-    python -m trt_seer.capi.build --out build/capi [--example] [--cc gcc]
+    python -m trt_seer.capi.build --out build/capi [--example] [--cc gcc] [--sanitize address]
 
 Writes DIR/libtrt_seer.so, DIR/trt_seer.h and, with --example, DIR/trt_seer_example. The library
 embeds the Python that runs this command (its libpython, its site-packages, this trt_seer), so
@@ -9,6 +9,7 @@ build it with the interpreter the service should use; docs/RUNTIME.md explains t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -54,8 +55,14 @@ def python_flags() -> tuple[list[str], list[str]]:
     libdir = get("LIBDIR")
     version = f"{get('VERSION')}{getattr(sys, 'abiflags', '')}"
     here = str(Path(__import__("trt_seer").__file__).resolve().parent.parent)
-    cflags = [f"-I{sysconfig.get_paths()['include']}", f'-DTRT_SEER_PYTHON="{sys.executable}"',
-              f'-DTRT_SEER_PACKAGE_DIR="{here}"']
+    paths = sysconfig.get_paths()
+    # Where this Python lives, checked at open: the library starts this interpreter, isolated from
+    # the service's PYTHON* variables, imports this trt_seer, and finds this command's packages on
+    # the sys.path it has now (PYTHONPATH and user-site entries included: they are recorded here).
+    search = os.pathsep.join(p for p in sys.path if p and os.path.isabs(p))
+    cflags = [f"-I{paths['include']}", f'-DTRT_SEER_PYTHON="{sys.executable}"', f'-DTRT_SEER_PREFIX="{sys.prefix}"',
+              f'-DTRT_SEER_STDLIB="{paths["stdlib"]}"', f'-DTRT_SEER_PACKAGE_DIR="{here}"',
+              f"-DTRT_SEER_SYS_PATH={json.dumps(search, ensure_ascii=False)}"]
     ldflags = [f"-L{libdir}", f"-Wl,-rpath,{libdir}", f"-lpython{version}", *(get("LIBS") or "").split(),
                *(get("SYSLIBS") or "").split(), "-lpthread"]
     return cflags, ldflags
@@ -71,12 +78,15 @@ def compile_to(dest: Path, argv: list[str]) -> Path:
     return dest
 
 
-def build(out: Path, *, example: bool = False, cc: str | None = None) -> Built:
-    """Compiles the library (and the example) into `out`."""
+def build(out: Path, *, example: bool = False, cc: str | None = None, sanitize: str | None = None) -> Built:
+    """Compiles the library (and the example) into `out`; `sanitize` ("address", ...) builds both
+    with that -fsanitize (a program linking the library then needs it too)."""
     compiler = find_cc(cc)
     out = ensure_out_dir(Path(out)).resolve()
     cflags, ldflags = python_flags()
     warn = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"]
+    if sanitize:
+        warn += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g"]
     atomic_write_bytes(out / HEADER, (SOURCES / HEADER).read_bytes())
     lib = compile_to(out / LIBRARY, [compiler, "-shared", "-fPIC", *warn, *cflags, f"-I{SOURCES}",
                                      str(SOURCES / "trt_seer.c"), *ldflags])
@@ -93,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="directory for libtrt_seer.so and trt_seer.h")
     parser.add_argument("--example", action="store_true", help="also build trt_seer_example from example.c")
     parser.add_argument("--cc", help="C compiler (default: $CC or cc)")
+    parser.add_argument("--sanitize", metavar="KIND", help="build with -fsanitize=KIND (e.g. address) for testing")
     args = parser.parse_args(argv)
     try:
-        built = build(args.out, example=args.example, cc=args.cc)
+        built = build(args.out, example=args.example, cc=args.cc, sanitize=args.sanitize)
     except TrtSeerError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -3,12 +3,13 @@
  *
  *   python -m trt_seer.capi.build --out build/capi --example
  *   build/capi/trt_seer_example engines/x.fp16.engine [--batch 2] [--seq 8] [--backend auto]
- *                               [--options '{"threads": 1}'] [--dump DIR] [--repeat N]
+ *                               [--options '{"threads": 1}'] [--dump DIR] [--repeat N] [--output NAME]
  *
  * Inputs: dim 0 is the batch, dim 1 the sequence; token ids (b * 31 + s * 7) % 97 + 3, an
  * attention mask that pads the last token of odd rows, zeros for every other input.
  * The batch then runs again as a prepared call (trt_seer_prepare), which must give the same bytes.
- * --dump writes each output's raw bytes to DIR/<name>.bin; --repeat times N more calls each way.
+ * --dump writes each output's raw bytes to DIR/<name>.bin; --repeat times N more calls each way
+ * (and prints what the first open cost); --output asks for that output only.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdio.h>
@@ -28,13 +29,13 @@
     } while (0)
 
 typedef struct {
-    const char *path, *backend, *options, *dump;
+    const char *path, *backend, *options, *dump, *output;
     int64_t batch, seq;
     int repeat;
 } args_t;
 
 static int parse_args(int argc, char **argv, args_t *a) {
-    *a = (args_t){NULL, NULL, NULL, NULL, 2, 8, 0};
+    *a = (args_t){NULL, NULL, NULL, NULL, NULL, 2, 8, 0};
     for (int i = 1; i < argc; ++i) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--batch") && v) a->batch = atoll(argv[++i]);
@@ -43,6 +44,7 @@ static int parse_args(int argc, char **argv, args_t *a) {
         else if (!strcmp(argv[i], "--options") && v) a->options = argv[++i];
         else if (!strcmp(argv[i], "--dump") && v) a->dump = argv[++i];
         else if (!strcmp(argv[i], "--repeat") && v) a->repeat = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--output") && v) a->output = argv[++i];
         else if (argv[i][0] != '-' && !a->path) a->path = argv[i];
         else return 0;
     }
@@ -108,17 +110,29 @@ static double seconds(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+static double rss_mb(void) { /* resident memory, from Linux's /proc; 0 elsewhere */
+    char line[256];
+    double kb = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb / 1024;
+}
+
 int main(int argc, char **argv) {
     args_t a;
     if (!parse_args(argc, argv, &a)) {
         fprintf(stderr, "usage: %s ARTIFACT [--batch N] [--seq N] [--backend auto|tensorrt|onnxruntime] "
-                        "[--options JSON] [--dump DIR] [--repeat N]\n", argv[0]);
+                        "[--options JSON] [--dump DIR] [--repeat N] [--output NAME]\n", argv[0]);
         return 2;
     }
     trt_seer_model *m;
     const char *backend;
     int32_t n_in, n_out;
+    double rss0 = rss_mb(), t_open = seconds();
     CHECK(trt_seer_open(a.path, a.backend, a.options, &m));
+    t_open = seconds() - t_open;
     CHECK(trt_seer_backend(m, &backend));
     CHECK(trt_seer_num_inputs(m, &n_in));
     CHECK(trt_seer_num_outputs(m, &n_out));
@@ -139,6 +153,13 @@ int main(int argc, char **argv) {
         CHECK(trt_seer_output_info(m, i, &t));
         print_info("output", &t);
         outputs[i] = (trt_seer_output){.name = t.name};
+    }
+    if (a.output) { /* only this one is computed and copied */
+        int32_t k = 0;
+        while (k < n_out && strcmp(outputs[k].name, a.output) != 0) ++k;
+        if (k == n_out) return fprintf(stderr, "the model has no output %s\n", a.output), 2;
+        outputs[0] = outputs[k];
+        n_out = 1;
     }
     /* two calls: the output shapes for these inputs, then the run into buffers of that size */
     CHECK(trt_seer_output_shapes(m, n_in, inputs, n_out, outputs));
@@ -168,6 +189,7 @@ int main(int argc, char **argv) {
             return fprintf(stderr, "prepared call: %s differs from trt_seer_run's\n", outputs[i].name), 1;
     printf("prepared call: the same outputs\n");
     if (a.repeat > 0) {
+        printf("first open: %.0f ms, resident memory +%.0f MB\n", 1e3 * t_open, rss_mb() - rss0);
         double t0 = seconds();
         for (int r = 0; r < a.repeat; ++r) CHECK(trt_seer_run(m, n_in, inputs, n_out, outputs));
         printf("per call: %.1f us (mean of %d)\n", 1e6 * (seconds() - t0) / a.repeat, a.repeat);

@@ -5,7 +5,10 @@
  * each call takes the GIL, wraps the caller's buffers in memoryviews (no copy) and calls the
  * bridge, which calls trt_seer.runtime.load / Model.infer. A prepared call copies inputs into, and
  * outputs out of, the Python call's own memory without the GIL and takes it only for the run.
- * The interpreter is never finalized.
+ * The interpreter is isolated from the host's PYTHON* variables and never finalized. Every model and
+ * prepared call has a gate that counts the calls inside it: close waits for them and later calls get
+ * TRT_SEER_E_INPUT; the gates outlive their objects (a few bytes each), so a late call reads no freed
+ * memory. trt_seer_shutdown (also run at exit) waits for every call in flight and releases everything.
  * Build with `python -m trt_seer.capi.build --out DIR`; docs/RUNTIME.md says what this costs.
  */
 #define PY_SSIZE_T_CLEAN
@@ -15,21 +18,46 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "trt_seer.h"
 
-#ifndef TRT_SEER_PYTHON /* the python executable the library was built for (finds its prefix) */
+/* Recorded by build.py: the python executable the library was built for (its path finds its prefix),
+ * that prefix and its standard library, and where trt_seer was imported from (searched first for
+ * trt_seer itself). */
+#ifndef TRT_SEER_PYTHON
 #define TRT_SEER_PYTHON ""
 #endif
-#ifndef TRT_SEER_PACKAGE_DIR /* where trt_seer was imported from at build time (last on sys.path) */
+#ifndef TRT_SEER_PREFIX
+#define TRT_SEER_PREFIX ""
+#endif
+#ifndef TRT_SEER_STDLIB
+#define TRT_SEER_STDLIB ""
+#endif
+#ifndef TRT_SEER_PACKAGE_DIR
 #define TRT_SEER_PACKAGE_DIR ""
 #endif
+#ifndef TRT_SEER_SYS_PATH /* the building interpreter's sys.path, os.pathsep-separated */
+#define TRT_SEER_SYS_PATH ""
+#endif
+
+/* What close and shutdown wait on; never freed, so that a call made during or after a close finds
+ * `closed` set instead of freed memory. */
+typedef struct gate {
+    int inside;        /* calls in flight on this object */
+    int closed;
+    int prepared;      /* a trt_seer_prepared (released before models at shutdown) */
+    struct gate *next; /* every gate, newest first */
+} gate;
 
 struct trt_seer_model {
-    PyObject *model; /* a trt_seer.runtime.Model */
+    gate gate; /* first: a trt_seer_model * is a gate * */
+    PyObject *model; /* a trt_seer.capi.bridge.Handle; NULL once closed */
     char backend[32];
     int32_t n_inputs, n_outputs;
     trt_seer_tensor_info *infos; /* inputs, then outputs */
+    int64_t (*ids)[2];           /* per input: token ids allowed in [lo, hi); hi -1: any */
 };
 
 static const char *const DTYPE_NAMES[] = {"float32", "float16", "bfloat16", "float64", "int64",
@@ -41,6 +69,15 @@ static _Thread_local char last_error[1024];
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static PyObject *bridge; /* NULL when the runtime could not start; init_error says why */
 static char init_error[1024];
+static int own_interpreter; /* started here (not a Python host's) */
+
+static pthread_mutex_t gates_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gates_changed = PTHREAD_COND_INITIALIZER;
+static gate *gates;           /* every model and prepared call ever made */
+static int in_flight;         /* calls inside any gate, and closes releasing their object */
+static int shut_down;         /* trt_seer_shutdown was called: every call is refused */
+static volatile int forked;   /* this is a child forked after the interpreter started */
+static pid_t opened_by;
 
 static trt_seer_status fail(trt_seer_status status, const char *fmt, ...) {
     va_list ap;
@@ -71,56 +108,191 @@ static void exception_text(char *buf, size_t size) {
     Py_XDECREF(tb);
 }
 
+/* ------------------------------------------------------------------ gates */
+
+#define FORKED_MESSAGE "this process was forked after trt_seer_open (in process %d); the embedded runtime " \
+    "cannot run in a forked child: fork before the first trt_seer_open, or exec a new program"
+
+/* Enters `g` for one call; `exclusive`: refused while another call is inside. */
+static trt_seer_status enter(gate *g, int exclusive) {
+    if (forked) return fail(TRT_SEER_E_RUNTIME, FORKED_MESSAGE, (int)opened_by);
+    trt_seer_status st = TRT_SEER_OK;
+    pthread_mutex_lock(&gates_lock);
+    if (shut_down)
+        st = fail(TRT_SEER_E_INPUT, "trt_seer_shutdown was called; the library takes no more calls");
+    else if (g->closed)
+        st = fail(TRT_SEER_E_INPUT, g->prepared ? "this prepared call is closed" : "the model is closed");
+    else if (exclusive && g->inside)
+        st = fail(TRT_SEER_E_INPUT, "this prepared call is running in another thread; prepare one call per thread");
+    else
+        g->inside++, in_flight++;
+    pthread_mutex_unlock(&gates_lock);
+    return st;
+}
+
+static void leave(gate *g) {
+    pthread_mutex_lock(&gates_lock);
+    g->inside--, in_flight--;
+    if (g->closed || shut_down) pthread_cond_broadcast(&gates_changed); /* only then does anyone wait */
+    pthread_mutex_unlock(&gates_lock);
+}
+
+static void add_gate(gate *g, int prepared) {
+    g->prepared = prepared;
+    pthread_mutex_lock(&gates_lock);
+    g->next = gates;
+    gates = g;
+    pthread_mutex_unlock(&gates_lock);
+}
+
+/* Closes `g` and waits for the calls inside; 1 when the caller now releases the object (and calls
+ * released() after), 0 when it was closed already. */
+static int close_gate(gate *g) {
+    pthread_mutex_lock(&gates_lock);
+    int first = !g->closed;
+    g->closed = 1;
+    while (g->inside) pthread_cond_wait(&gates_changed, &gates_lock);
+    if (first) in_flight++; /* shutdown waits for the release too */
+    pthread_mutex_unlock(&gates_lock);
+    return first;
+}
+
+static void released(void) {
+    pthread_mutex_lock(&gates_lock);
+    in_flight--;
+    pthread_cond_broadcast(&gates_changed);
+    pthread_mutex_unlock(&gates_lock);
+}
+
+static void after_fork_in_child(void) { forked = 1; }
+
+static void at_exit(void) {
+    if (!forked) trt_seer_shutdown();
+}
+
+/* Registers at_exit once `backend` has reached `phase` (0 opened, 1 ran), so that it runs before the
+ * exit-time destructors its libraries registered by then (exit runs handlers in the reverse order
+ * of registration; ONNX Runtime registers some at its first run). */
+static volatile int exit_registered; /* a bit per backend and phase */
+
+static void exit_after(const char *backend, int phase) {
+    int bit = (strcmp(backend, "tensorrt") == 0 ? 2 : 1) << (2 * phase);
+    if (!own_interpreter || (exit_registered & bit)) return;
+    pthread_mutex_lock(&gates_lock);
+    if (!(exit_registered & bit) && atexit(at_exit) == 0) exit_registered |= bit;
+    pthread_mutex_unlock(&gates_lock);
+}
+
 /* ------------------------------------------------------------------ starting the interpreter */
 
-static int start_interpreter(void) {
-    const char *python = getenv("TRT_SEER_PYTHON");
-    if (python == NULL || *python == '\0') python = TRT_SEER_PYTHON;
-    PyConfig config;
-    PyConfig_InitPythonConfig(&config);
-    config.install_signal_handlers = 0; /* SIGINT and friends stay the service's */
-    config.parse_argv = 0;
-    PyStatus st = PyStatus_Ok();
-    if (*python) st = PyConfig_SetBytesString(&config, &config.program_name, python);
-    if (!PyStatus_Exception(st)) st = Py_InitializeFromConfig(&config);
-    PyConfig_Clear(&config);
-    if (PyStatus_Exception(st)) {
-        snprintf(init_error, sizeof init_error, "cannot start the embedded Python (%s): %s",
-                 *python ? python : "default", st.err_msg ? st.err_msg : "unknown error");
+static int file_exists(const char *dir, const char *name) {
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof path, "%s%s", dir, name);
+    return stat(path, &st) == 0;
+}
+
+/* The Python the library was built for must still be where build.py found it (checked before
+ * starting it: a Python that cannot find its standard library prints pages and aborts). */
+static int check_python(void) {
+    const char *asked = getenv("TRT_SEER_PYTHON");
+    if (asked && *asked && strcmp(asked, TRT_SEER_PYTHON) != 0) {
+        snprintf(init_error, sizeof init_error, "TRT_SEER_PYTHON=%s names another Python than the one this library "
+                 "was built for (%s); unset it, or rebuild the library with that Python (-m trt_seer.capi.build)",
+                 asked, TRT_SEER_PYTHON);
+        return 0;
+    }
+    if (!*TRT_SEER_PYTHON || access(TRT_SEER_PYTHON, X_OK) != 0 || !file_exists(TRT_SEER_STDLIB, "/os.py")) {
+        snprintf(init_error, sizeof init_error, "the Python this library was built for is gone (%s, standard library "
+                 "%s); rebuild the library with the Python the service should use (-m trt_seer.capi.build)",
+                 TRT_SEER_PYTHON, TRT_SEER_STDLIB);
         return 0;
     }
     return 1;
 }
 
-static void import_bridge(void) { /* GIL held */
-    PyObject *path = PySys_GetObject("path"); /* borrowed */
-    if (*TRT_SEER_PACKAGE_DIR && path != NULL) {
-        PyObject *dir = PyUnicode_DecodeFSDefault(TRT_SEER_PACKAGE_DIR);
-        if (dir == NULL || PyList_Append(path, dir) != 0) PyErr_Clear();
-        Py_XDECREF(dir);
+/* Isolated: PYTHONHOME, PYTHONPATH, PYTHONWARNINGS and the other PYTHON* variables of the service,
+ * the user site and the working directory do not reach the embedded runtime. */
+static int start_interpreter(void) {
+    if (!check_python()) return 0;
+    PyConfig config;
+    PyConfig_InitIsolatedConfig(&config); /* also: no signal handlers, the service's stdio left alone */
+    PyStatus st = PyConfig_SetBytesString(&config, &config.program_name, TRT_SEER_PYTHON);
+    if (!PyStatus_Exception(st)) st = Py_InitializeFromConfig(&config);
+    PyConfig_Clear(&config);
+    if (PyStatus_Exception(st)) {
+        snprintf(init_error, sizeof init_error, "cannot start the embedded Python (%s): %s", TRT_SEER_PYTHON,
+                 st.err_msg ? st.err_msg : "unknown error");
+        return 0;
     }
-    bridge = PyImport_ImportModule("trt_seer.capi.bridge");
-    if (bridge == NULL) {
-        char why[768];
-        exception_text(why, sizeof why);
-        snprintf(init_error, sizeof init_error, "cannot import trt_seer.capi.bridge (%s); install trt_seer "
-                 "into the Python this library was built for or set PYTHONPATH", why);
+    own_interpreter = 1;
+    return 1;
+}
+
+/* GIL held: checks that the started interpreter is the one recorded (its prefix), adds the build's
+ * sys.path entries it lacks (PYTHONPATH and user site at build time: the isolated configuration
+ * reads neither) and keeps its trt_seer loggers off stderr (logging's last resort); imports trt_seer
+ * from the recorded directory ahead of anything else on sys.path, then the bridge. A Python host's
+ * interpreter is left as it is. */
+static const char START[] =
+    "def start(prefix, package_dir, search):\n"
+    "    import logging, os, site, sys\n"
+    "    if prefix and sys.prefix != prefix:\n"
+    "        return f'the embedded Python runs from {sys.prefix}, not {prefix} as built; rebuild the library'\n"
+    "    if prefix:  # our own interpreter: the build's extra sys.path entries; no logs to print\n"
+    "        for entry in search.split(os.pathsep):\n"
+    "            if entry and entry not in sys.path and os.path.isdir(entry):\n"
+    "                site.addsitedir(entry) if entry.endswith('-packages') else sys.path.append(entry)\n"
+    "        logging.getLogger('trt_seer').addHandler(logging.NullHandler())\n"
+    "    if package_dir:\n"
+    "        sys.path.insert(0, package_dir)\n"
+    "        try:\n"
+    "            import trt_seer\n"
+    "        finally:\n"
+    "            sys.path.remove(package_dir)\n"
+    "            sys.path.append(package_dir)\n"
+    "    return ''\n";
+
+static void import_bridge(void) {
+    PyObject *globals = PyDict_New(), *r = NULL, *why = NULL;
+    if (globals && PyDict_SetItemString(globals, "__builtins__", PyEval_GetBuiltins()) == 0)
+        r = PyRun_String(START, Py_file_input, globals, globals);
+    PyObject *start = r ? PyDict_GetItemString(globals, "start") : NULL; /* borrowed */
+    if (start)
+        why = PyObject_CallFunction(start, "sss", own_interpreter ? TRT_SEER_PREFIX : "", TRT_SEER_PACKAGE_DIR,
+                                    TRT_SEER_SYS_PATH);
+    const char *text = why ? PyUnicode_AsUTF8(why) : NULL;
+    if (text && *text)
+        snprintf(init_error, sizeof init_error, "%s", text);
+    else if (text)
+        bridge = PyImport_ImportModule("trt_seer.capi.bridge");
+    if (bridge == NULL && !(text && *text)) {
+        char buf[768];
+        exception_text(buf, sizeof buf);
+        snprintf(init_error, sizeof init_error, "cannot import trt_seer.capi.bridge (%s); install trt_seer and its "
+                 "dependencies into the Python this library was built for (%s)", buf, TRT_SEER_PYTHON);
     }
+    Py_XDECREF(why);
+    Py_XDECREF(r);
+    Py_XDECREF(globals);
 }
 
 static void init(void) {
+    opened_by = getpid();
     if (Py_IsInitialized()) { /* loaded into a Python process: use its interpreter */
         PyGILState_STATE g = PyGILState_Ensure();
         import_bridge();
         PyGILState_Release(g);
-        return;
+    } else {
+        if (!start_interpreter()) return;
+        import_bridge();
+        PyEval_SaveThread(); /* release the GIL: every call takes it with PyGILState_Ensure */
     }
-    if (!start_interpreter()) return;
-    import_bridge();
-    PyEval_SaveThread(); /* release the GIL: every call takes it with PyGILState_Ensure */
+    pthread_atfork(NULL, NULL, after_fork_in_child);
 }
 
 static trt_seer_status ready(void) {
+    if (forked) return fail(TRT_SEER_E_RUNTIME, FORKED_MESSAGE, (int)opened_by);
     pthread_once(&init_once, init);
     return bridge ? TRT_SEER_OK : fail(TRT_SEER_E_INTERNAL, "%s", init_error);
 }
@@ -172,28 +344,34 @@ static int read_dims(PyObject *seq, int64_t *dims, int32_t *ndim) {
     return 1;
 }
 
-static int fill_info(PyObject *item, trt_seer_tensor_info *info) {
+static int fill_info(PyObject *item, trt_seer_tensor_info *info, int64_t *ids) {
     const char *name;
     int code;
-    PyObject *shape, *lo, *hi;
-    if (!PyArg_ParseTuple(item, "siOOO", &name, &code, &shape, &lo, &hi)) return 0;
+    long long lo, hi;
+    PyObject *shape, *min, *max;
+    if (!PyArg_ParseTuple(item, "siOOOLL", &name, &code, &shape, &min, &max, &lo, &hi)) return 0;
     info->dtype = (trt_seer_dtype)code;
-    if (!read_dims(shape, info->shape, &info->ndim) || !read_dims(lo, info->min_shape, NULL) ||
-        !read_dims(hi, info->max_shape, NULL))
+    if (!read_dims(shape, info->shape, &info->ndim) || !read_dims(min, info->min_shape, NULL) ||
+        !read_dims(max, info->max_shape, NULL))
         return 0;
+    if (ids) ids[0] = lo, ids[1] = hi;
     info->name = strdup(name);
     return info->name != NULL || (PyErr_NoMemory(), 0);
 }
 
-static void free_model(trt_seer_model *m) {
-    if (m == NULL) return;
+/* GIL held: releases the Python model. The struct (its gate) and its descriptions stay: services
+ * put the names from trt_seer_input_info into their inputs, which a call racing a close still reads. */
+static void release_model(trt_seer_model *m) { Py_CLEAR(m->model); }
+
+static void free_model(trt_seer_model *m) { /* one never handed out */
     for (int32_t i = 0; m->infos && i < m->n_inputs + m->n_outputs; ++i) free((void *)m->infos[i].name);
     free(m->infos);
+    free(m->ids);
     Py_XDECREF(m->model);
     free(m);
 }
 
-/* GIL held: a trt_seer_model around a Python Model (steals it), or NULL with an exception set. */
+/* GIL held: a trt_seer_model around a bridge Handle (steals it), or NULL with an exception set. */
 static trt_seer_model *wrap_model(PyObject *py) {
     trt_seer_model *m = calloc(1, sizeof *m);
     if (m == NULL) return (trt_seer_model *)PyErr_NoMemory();
@@ -208,10 +386,11 @@ static trt_seer_model *wrap_model(PyObject *py) {
         m->n_inputs = (int32_t)PyList_GET_SIZE(ins);
         m->n_outputs = (int32_t)PyList_GET_SIZE(outs);
         m->infos = calloc((size_t)(m->n_inputs + m->n_outputs) + 1, sizeof *m->infos);
-        good = m->infos != NULL || (PyErr_NoMemory(), 0);
+        m->ids = calloc((size_t)m->n_inputs + 1, sizeof *m->ids);
+        good = (m->infos != NULL && m->ids != NULL) || (PyErr_NoMemory(), 0);
         for (int32_t i = 0; good && i < m->n_inputs + m->n_outputs; ++i)
-            good = fill_info(PyList_GET_ITEM(i < m->n_inputs ? ins : outs, i < m->n_inputs ? i : i - m->n_inputs),
-                             &m->infos[i]);
+            good = i < m->n_inputs ? fill_info(PyList_GET_ITEM(ins, i), &m->infos[i], m->ids[i])
+                                   : fill_info(PyList_GET_ITEM(outs, i - m->n_inputs), &m->infos[i], NULL);
     }
     Py_XDECREF(desc);
     Py_XDECREF(backend);
@@ -236,7 +415,8 @@ static trt_seer_status check_inputs(int32_t n, const trt_seer_input *in, int nee
         if ((int)in[i].dtype < 0 || (int)in[i].dtype >= N_DTYPES)
             return fail(TRT_SEER_E_INPUT, "input %s has an unknown dtype code %d", name, (int)in[i].dtype);
         if (in[i].ndim < 0 || in[i].ndim > TRT_SEER_MAX_DIMS || (in[i].ndim > 0 && in[i].shape == NULL))
-            return fail(TRT_SEER_E_INPUT, "input %s has ndim %d and shape %p", name, in[i].ndim, (void *)in[i].shape);
+            return fail(TRT_SEER_E_INPUT, in[i].ndim > 0 && in[i].shape == NULL ? "input %s has ndim %d and no shape"
+                        : "input %s has ndim %d; the C ABI takes 0..8", name, in[i].ndim);
         for (int32_t d = 0; d < in[i].ndim; ++d)
             if (in[i].shape[d] < 0)
                 return fail(TRT_SEER_E_INPUT, "input %s has a negative size %lld on axis %d", name,
@@ -318,6 +498,7 @@ static trt_seer_status shapes_call(const char *fn, trt_seer_model *m, int32_t n_
     trt_seer_status st;
     if (m == NULL) return fail(TRT_SEER_E_INPUT, "model is NULL");
     if ((st = check_inputs(n_in, in, with_data)) || (st = check_outputs(n_out, out, with_data))) return st;
+    if ((st = enter(&m->gate, 0))) return st;
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *ins = input_lists(n_in, in, with_data), *outs = output_lists(n_out, out, with_data), *r = NULL;
     if (ins && outs) {
@@ -334,10 +515,14 @@ static trt_seer_status shapes_call(const char *fn, trt_seer_model *m, int32_t n_
     Py_XDECREF(ins);
     Py_XDECREF(outs);
     PyGILState_Release(g);
+    if (st == TRT_SEER_OK && with_data) exit_after(m->backend, 1);
+    leave(&m->gate);
     return done(st);
 }
 
 /* ------------------------------------------------------------------ the ABI */
+
+static gate opening; /* never closed: an open in flight counts for shutdown */
 
 trt_seer_status trt_seer_open(const char *path, const char *backend, const char *options_json,
                               trt_seer_model **model) {
@@ -345,25 +530,36 @@ trt_seer_status trt_seer_open(const char *path, const char *backend, const char 
     *model = NULL;
     if (path == NULL) return fail(TRT_SEER_E_INPUT, "path is NULL");
     trt_seer_status st = ready();
-    if (st != TRT_SEER_OK) return st;
+    if (st != TRT_SEER_OK || (st = enter(&opening, 0))) return st;
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *py = call("open_model", Py_BuildValue("(Nss)", PyUnicode_DecodeFSDefault(path),
                                                     backend ? backend : "", options_json ? options_json : ""));
     *model = py ? wrap_model(py) : NULL;
     st = *model ? TRT_SEER_OK : from_exception();
     PyGILState_Release(g);
+    if (*model) {
+        add_gate(&(*model)->gate, 0);
+        exit_after((*model)->backend, 0);
+    }
+    leave(&opening);
     return done(st);
 }
 
 trt_seer_status trt_seer_backend(const trt_seer_model *model, const char **backend) {
+    trt_seer_status st;
     if (model == NULL || backend == NULL) return fail(TRT_SEER_E_INPUT, "model or backend is NULL");
+    if ((st = enter((gate *)&model->gate, 0))) return st;
     *backend = model->backend;
+    leave((gate *)&model->gate);
     return done(TRT_SEER_OK);
 }
 
 static trt_seer_status count(const trt_seer_model *model, int32_t *n, int outputs) {
+    trt_seer_status st;
     if (model == NULL || n == NULL) return fail(TRT_SEER_E_INPUT, "model or count is NULL");
+    if ((st = enter((gate *)&model->gate, 0))) return st;
     *n = outputs ? model->n_outputs : model->n_inputs;
+    leave((gate *)&model->gate);
     return done(TRT_SEER_OK);
 }
 
@@ -371,13 +567,17 @@ trt_seer_status trt_seer_num_inputs(const trt_seer_model *model, int32_t *n) { r
 trt_seer_status trt_seer_num_outputs(const trt_seer_model *model, int32_t *n) { return count(model, n, 1); }
 
 static trt_seer_status info_at(const trt_seer_model *model, int32_t index, trt_seer_tensor_info *info, int outputs) {
+    trt_seer_status st;
     if (model == NULL || info == NULL) return fail(TRT_SEER_E_INPUT, "model or info is NULL");
+    if ((st = enter((gate *)&model->gate, 0))) return st;
     int32_t n = outputs ? model->n_outputs : model->n_inputs;
     if (index < 0 || index >= n)
-        return fail(TRT_SEER_E_INPUT, "%s index %d is out of range: the model has %d", outputs ? "output" : "input",
-                    index, n);
-    *info = model->infos[(outputs ? model->n_inputs : 0) + index];
-    return done(TRT_SEER_OK);
+        st = fail(TRT_SEER_E_INPUT, "%s index %d is out of range: the model has %d", outputs ? "output" : "input",
+                  index, n);
+    else
+        *info = model->infos[(outputs ? model->n_inputs : 0) + index];
+    leave((gate *)&model->gate);
+    return done(st);
 }
 
 trt_seer_status trt_seer_input_info(const trt_seer_model *m, int32_t i, trt_seer_tensor_info *info) {
@@ -408,10 +608,13 @@ static trt_seer_status close_object(PyObject *obj) {
 
 trt_seer_status trt_seer_close(trt_seer_model *model) {
     if (model == NULL) return done(TRT_SEER_OK);
+    if (forked) return fail(TRT_SEER_E_RUNTIME, FORKED_MESSAGE, (int)opened_by);
+    if (!close_gate(&model->gate)) return done(TRT_SEER_OK); /* closed already (or by trt_seer_shutdown) */
     PyGILState_STATE g = PyGILState_Ensure();
     trt_seer_status st = close_object(model->model);
-    free_model(model);
+    release_model(model);
     PyGILState_Release(g);
+    released();
     return done(st);
 }
 
@@ -424,22 +627,24 @@ typedef struct {
     int64_t shape[TRT_SEER_MAX_DIMS];
     char *data; /* the prepared call's own memory, kept alive by `call` */
     size_t nbytes;
+    int64_t ids[2]; /* inputs: token ids allowed in [lo, hi); hi -1: any value */
 } place;
 
 struct trt_seer_prepared {
-    PyObject *call, *run; /* the Python PreparedCall and its bound run() */
-    pthread_mutex_t busy;
+    gate gate; /* first: a trt_seer_prepared * is a gate * */
+    const char *backend; /* its model's */
+    PyObject *call, *run; /* the Python PreparedCall and its bound run(); NULL once closed */
     int32_t n_inputs, n_outputs;
     place *places; /* inputs, then outputs */
 };
 
-static void free_prepared(trt_seer_prepared *p) { /* GIL held */
+/* GIL held: releases what the call holds; the struct itself (its gate) stays. */
+static void release_prepared(trt_seer_prepared *p) {
     for (int32_t i = 0; p->places && i < p->n_inputs + p->n_outputs; ++i) free(p->places[i].name);
     free(p->places);
-    Py_XDECREF(p->run);
-    Py_XDECREF(p->call);
-    pthread_mutex_destroy(&p->busy);
-    free(p);
+    p->places = NULL;
+    Py_CLEAR(p->run);
+    Py_CLEAR(p->call);
 }
 
 /* GIL held: one place from (address, bytes) and what it holds; 0 with an exception set. */
@@ -451,12 +656,14 @@ static int set_place(place *pl, PyObject *address, Py_ssize_t nbytes, const char
     pl->ndim = ndim;
     memcpy(pl->shape, shape, sizeof(int64_t) * (size_t)ndim);
     pl->name = strdup(name);
+    pl->ids[0] = 0, pl->ids[1] = -1;
     return pl->name != NULL || (PyErr_NoMemory(), 0);
 }
 
 /* GIL held: the call and its places from bridge.prepare's (call, [(address, bytes)],
  * [(name, dtype code, shape, address, bytes)]); sets the output entries' dtype and shape. */
-static int read_places(trt_seer_prepared *p, PyObject *r, const trt_seer_input *in, trt_seer_output *out) {
+static int read_places(trt_seer_prepared *p, PyObject *r, const trt_seer_model *m, const trt_seer_input *in,
+                       trt_seer_output *out) {
     PyObject *call, *ins, *outs;
     if (!PyArg_ParseTuple(r, "OO!O!", &call, &PyList_Type, &ins, &PyList_Type, &outs)) return 0;
     if (PyList_GET_SIZE(ins) != p->n_inputs || PyList_GET_SIZE(outs) != p->n_outputs) {
@@ -472,6 +679,8 @@ static int read_places(trt_seer_prepared *p, PyObject *r, const trt_seer_input *
             !set_place(&p->places[i], address, nbytes, in[i].name, in[i].ndim, in[i].shape))
             return 0;
         p->places[i].dtype = in[i].dtype;
+        for (int32_t k = 0; k < m->n_inputs; ++k)
+            if (strcmp(m->infos[k].name, in[i].name) == 0) memcpy(p->places[i].ids, m->ids[k], sizeof m->ids[k]);
     }
     for (int32_t i = 0; i < p->n_outputs; ++i) {
         place *pl = &p->places[p->n_inputs + i];
@@ -492,6 +701,20 @@ static int read_places(trt_seer_prepared *p, PyObject *r, const trt_seer_input *
     return 1;
 }
 
+/* GIL held: the Python side of trt_seer_prepare into `p`; 0 with an exception set. */
+static int prepare_call(trt_seer_prepared *p, trt_seer_model *m, const trt_seer_input *in, trt_seer_output *out) {
+    PyObject *ins = input_lists(p->n_inputs, in, 0);
+    PyObject *outs = ins ? output_lists(p->n_outputs, out, 0) : NULL, *r = NULL;
+    if (ins && outs)
+        r = call("prepare", Py_BuildValue("(OOOOO)", m->model, PyTuple_GET_ITEM(ins, 0), PyTuple_GET_ITEM(ins, 1),
+                                          PyTuple_GET_ITEM(ins, 2), PyTuple_GET_ITEM(outs, 0)));
+    int good = r != NULL && read_places(p, r, m, in, out);
+    Py_XDECREF(r);
+    Py_XDECREF(ins);
+    Py_XDECREF(outs);
+    return good;
+}
+
 trt_seer_status trt_seer_prepare(trt_seer_model *model, int32_t n_inputs, const trt_seer_input *inputs,
                                  int32_t n_outputs, trt_seer_output *outputs, trt_seer_prepared **prepared) {
     trt_seer_status st;
@@ -500,32 +723,37 @@ trt_seer_status trt_seer_prepare(trt_seer_model *model, int32_t n_inputs, const 
     if (model == NULL) return fail(TRT_SEER_E_INPUT, "model is NULL");
     if ((st = check_inputs(n_inputs, inputs, 0)) || (st = check_outputs(n_outputs, outputs, 0))) return st;
     trt_seer_prepared *p = calloc(1, sizeof *p);
-    if (p == NULL) return fail(TRT_SEER_E_INTERNAL, "out of memory");
-    pthread_mutex_init(&p->busy, NULL);
+    if (p) p->places = calloc((size_t)(n_inputs + n_outputs) + 1, sizeof *p->places);
+    if (p == NULL || p->places == NULL) {
+        if (p) free(p);
+        return fail(TRT_SEER_E_INTERNAL, "out of memory");
+    }
     p->n_inputs = n_inputs;
     p->n_outputs = n_outputs;
-    PyGILState_STATE g = PyGILState_Ensure();
-    p->places = calloc((size_t)(n_inputs + n_outputs) + 1, sizeof *p->places);
-    PyObject *ins = p->places ? input_lists(n_inputs, inputs, 0) : PyErr_NoMemory();
-    PyObject *outs = ins ? output_lists(n_outputs, outputs, 0) : NULL, *r = NULL;
-    if (ins && outs)
-        r = call("prepare", Py_BuildValue("(OOOOO)", model->model, PyTuple_GET_ITEM(ins, 0), PyTuple_GET_ITEM(ins, 1),
-                                          PyTuple_GET_ITEM(ins, 2), PyTuple_GET_ITEM(outs, 0)));
-    if (r != NULL && read_places(p, r, inputs, outputs)) {
-        st = TRT_SEER_OK;
-        *prepared = p;
-    } else {
-        st = from_exception();
-        PyObject *closed = p->call ? PyObject_CallMethod(p->call, "close", NULL) : Py_NewRef(Py_None);
-        if (closed == NULL) /* the first failure is the one reported */
-            fprintf(stderr, "trt_seer: closing a call that failed to prepare also failed\n"), PyErr_Print();
-        Py_XDECREF(closed);
-        free_prepared(p);
+    if ((st = enter(&model->gate, 0))) {
+        free(p->places);
+        free(p);
+        return st;
     }
-    Py_XDECREF(r);
-    Py_XDECREF(ins);
-    Py_XDECREF(outs);
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (prepare_call(p, model, inputs, outputs)) {
+        st = TRT_SEER_OK;
+    } else {
+        st = from_exception(); /* the first failure is the one reported */
+        PyObject *closed = p->call ? PyObject_CallMethod(p->call, "close", NULL) : NULL;
+        if (closed == NULL) PyErr_Clear();
+        Py_XDECREF(closed);
+        release_prepared(p);
+        free(p); /* never handed out: no gate to keep */
+        p = NULL;
+    }
     PyGILState_Release(g);
+    leave(&model->gate);
+    if (p) {
+        p->backend = model->backend;
+        add_gate(&p->gate, 1);
+        *prepared = p;
+    }
     return done(st);
 }
 
@@ -575,15 +803,50 @@ static trt_seer_status match_outputs(const trt_seer_prepared *p, int32_t n, cons
     return TRT_SEER_OK;
 }
 
+/* A token input's values, before anything is copied: the same rule and message as Python's. */
+static trt_seer_status check_ids(const place *pl, const void *data) {
+    if (pl->ids[1] < 0 || (pl->dtype != TRT_SEER_INT64 && pl->dtype != TRT_SEER_INT32)) return TRT_SEER_OK;
+    size_t n = pl->nbytes / DTYPE_SIZES[pl->dtype];
+    for (size_t k = 0; k < n; ++k) {
+        int64_t v = pl->dtype == TRT_SEER_INT64 ? ((const int64_t *)data)[k] : ((const int32_t *)data)[k];
+        if (v >= pl->ids[0] && v < pl->ids[1]) continue;
+        int64_t at[TRT_SEER_MAX_DIMS];
+        size_t rest = k;
+        for (int32_t d = pl->ndim - 1; d >= 0; --d) { /* the flat index as [i, j, ...] */
+            at[d] = (int64_t)(rest % (size_t)pl->shape[d]);
+            rest /= (size_t)pl->shape[d];
+        }
+        char where[256];
+        format_shape(where, sizeof where, pl->ndim, at);
+        if (v < pl->ids[0])
+            return fail(TRT_SEER_E_INPUT, "input %s holds %lld at %s; token ids are never negative", pl->name,
+                        (long long)v, where);
+        return fail(TRT_SEER_E_INPUT, "input %s holds %lld at %s; the model's table has %lld ids (%lld..%lld): "
+                    "tokenize with the model's own tokenizer", pl->name, (long long)v, where,
+                    (long long)pl->ids[1], (long long)pl->ids[0], (long long)pl->ids[1] - 1);
+    }
+    return TRT_SEER_OK;
+}
+
+static trt_seer_status check_prepared_run(const trt_seer_prepared *p, int32_t n_inputs, const trt_seer_input *inputs,
+                                          int32_t n_outputs, const trt_seer_output *outputs) {
+    trt_seer_status st;
+    if ((st = match_inputs(p, n_inputs, inputs)) || (st = match_outputs(p, n_outputs, outputs))) return st;
+    for (int32_t i = 0; i < n_inputs; ++i)
+        if ((st = check_ids(&p->places[i], inputs[i].data))) return st;
+    return TRT_SEER_OK;
+}
+
 trt_seer_status trt_seer_prepared_run(trt_seer_prepared *p, int32_t n_inputs, const trt_seer_input *inputs,
                                       int32_t n_outputs, trt_seer_output *outputs) {
     trt_seer_status st;
     if (p == NULL) return fail(TRT_SEER_E_INPUT, "prepared is NULL");
-    if ((st = check_inputs(n_inputs, inputs, 1)) || (st = check_outputs(n_outputs, outputs, 1)) ||
-        (st = match_inputs(p, n_inputs, inputs)) || (st = match_outputs(p, n_outputs, outputs)))
+    if ((st = check_inputs(n_inputs, inputs, 1)) || (st = check_outputs(n_outputs, outputs, 1))) return st;
+    if ((st = enter(&p->gate, 1))) return st;
+    if ((st = check_prepared_run(p, n_inputs, inputs, n_outputs, outputs))) {
+        leave(&p->gate);
         return st;
-    if (pthread_mutex_trylock(&p->busy) != 0)
-        return fail(TRT_SEER_E_INPUT, "this prepared call is running in another thread; prepare one call per thread");
+    }
     for (int32_t i = 0; i < n_inputs; ++i) memcpy(p->places[i].data, inputs[i].data, p->places[i].nbytes);
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *r = PyObject_CallNoArgs(p->run); /* the staged inputs in, the engine, the outputs back */
@@ -597,19 +860,52 @@ trt_seer_status trt_seer_prepared_run(trt_seer_prepared *p, int32_t n_inputs, co
         outputs[i].ndim = pl->ndim;
         memcpy(outputs[i].shape, pl->shape, sizeof pl->shape);
     }
-    pthread_mutex_unlock(&p->busy);
+    if (st == TRT_SEER_OK) exit_after(p->backend, 1);
+    leave(&p->gate);
     return done(st);
 }
 
 trt_seer_status trt_seer_prepared_close(trt_seer_prepared *p) {
     if (p == NULL) return done(TRT_SEER_OK);
-    pthread_mutex_lock(&p->busy); /* a run in flight finishes first */
-    pthread_mutex_unlock(&p->busy);
+    if (forked) return fail(TRT_SEER_E_RUNTIME, FORKED_MESSAGE, (int)opened_by);
+    if (!close_gate(&p->gate)) return done(TRT_SEER_OK); /* closed already (or by trt_seer_shutdown) */
     PyGILState_STATE g = PyGILState_Ensure();
     trt_seer_status st = close_object(p->call);
-    free_prepared(p);
+    release_prepared(p);
     PyGILState_Release(g);
+    released();
     return done(st);
+}
+
+/* ------------------------------------------------------------------ shutdown */
+
+trt_seer_status trt_seer_shutdown(void) {
+    if (forked) return fail(TRT_SEER_E_RUNTIME, FORKED_MESSAGE, (int)opened_by);
+    pthread_mutex_lock(&gates_lock);
+    shut_down = 1;
+    while (in_flight) pthread_cond_wait(&gates_changed, &gates_lock);
+    size_t n = 0, k = 0;
+    for (gate *g = gates; g; g = g->next) n += !g->closed;
+    gate **left = n ? calloc(n, sizeof *left) : NULL;
+    for (gate *g = gates; g && left; g = g->next)
+        if (!g->closed) g->closed = 1, left[k++] = g;
+    in_flight++; /* a second shutdown waits for this one's releases */
+    pthread_mutex_unlock(&gates_lock);
+    if (k) {
+        PyGILState_STATE g = PyGILState_Ensure();
+        for (int pass = 1; pass >= 0; --pass) /* prepared calls before their models */
+            for (size_t i = 0; i < k; ++i) {
+                if (left[i]->prepared != pass) continue;
+                PyObject *obj = pass ? ((trt_seer_prepared *)left[i])->call : ((trt_seer_model *)left[i])->model;
+                if (close_object(obj) != TRT_SEER_OK) last_error[0] = '\0'; /* shutting down: nothing to tell */
+                if (pass) release_prepared((trt_seer_prepared *)left[i]);
+                else release_model((trt_seer_model *)left[i]);
+            }
+        PyGILState_Release(g);
+    }
+    free(left);
+    released();
+    return done(TRT_SEER_OK);
 }
 
 const char *trt_seer_last_error(void) { return last_error; }

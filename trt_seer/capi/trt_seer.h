@@ -13,8 +13,14 @@
  * and prints the compiler and linker flags. docs/RUNTIME.md describes the design and its costs.
  *
  * Every function returns a trt_seer_status; on failure trt_seer_last_error() returns a one-line
- * message for the calling thread. Memory is host memory, contiguous and row-major (C order).
- * Any thread may call any function; calls on one model may overlap.
+ * message for the calling thread, and nothing is written to stderr. Memory is host memory,
+ * contiguous and row-major (C order). Any thread may call any function; calls on one model may
+ * overlap. Inputs are validated (names, dtypes, shapes, the profile and the model's positions,
+ * token ids within the model's tables) and output buffers sized before any work: a failure leaves
+ * every caller buffer untouched. A closed model or prepared call stays a valid argument: calls on
+ * it return TRT_SEER_E_INPUT. Before returning from main with calls in flight, call
+ * trt_seer_shutdown(). fork() after the first trt_seer_open is refused in the child
+ * (TRT_SEER_E_RUNTIME): fork before it, or exec.
  */
 #ifndef TRT_SEER_H
 #define TRT_SEER_H
@@ -57,7 +63,7 @@ typedef struct trt_seer_model trt_seer_model; /* opaque */
 
 /* One input or output as the artifact's manifest / record describes it. */
 typedef struct {
-    const char *name;                      /* owned by the model; valid until trt_seer_close */
+    const char *name;                      /* owned by the library; valid for the process's life */
     trt_seer_dtype dtype;
     int32_t ndim;
     int64_t shape[TRT_SEER_MAX_DIMS];      /* -1 for a dynamic axis */
@@ -92,7 +98,7 @@ typedef struct {
 trt_seer_status trt_seer_open(const char *path, const char *backend, const char *options_json,
                               trt_seer_model **model);
 
-/* "tensorrt" or "onnxruntime": the backend the model runs on; valid until trt_seer_close. */
+/* "tensorrt" or "onnxruntime": the backend the model runs on; valid for the process's life. */
 trt_seer_status trt_seer_backend(const trt_seer_model *model, const char **backend);
 
 trt_seer_status trt_seer_num_inputs(const trt_seer_model *model, int32_t *count);
@@ -110,7 +116,8 @@ trt_seer_status trt_seer_output_shapes(trt_seer_model *model, int32_t n_inputs, 
 trt_seer_status trt_seer_run(trt_seer_model *model, int32_t n_inputs, const trt_seer_input *inputs,
                              int32_t n_outputs, trt_seer_output *outputs);
 
-/* Releases the model (NULL is fine). */
+/* Releases the model (NULL is fine): refuses new calls on it at once (TRT_SEER_E_INPUT "the model
+ * is closed"), waits for the calls in flight, then frees what it holds. Closing again is fine. */
 trt_seer_status trt_seer_close(trt_seer_model *model);
 
 /* A prepared call, for a loop that runs the same input shapes many times: the checks are done once
@@ -131,8 +138,13 @@ trt_seer_status trt_seer_prepare(trt_seer_model *model, int32_t n_inputs, const 
 trt_seer_status trt_seer_prepared_run(trt_seer_prepared *prepared, int32_t n_inputs, const trt_seer_input *inputs,
                                       int32_t n_outputs, trt_seer_output *outputs);
 
-/* Releases a prepared call (NULL is fine); waits for a run in flight. */
+/* Releases a prepared call (NULL is fine); waits for a run in flight; later runs get TRT_SEER_E_INPUT. */
 trt_seer_status trt_seer_prepared_close(trt_seer_prepared *prepared);
+
+/* For a service's exit: refuses every later call (TRT_SEER_E_INPUT), waits for the calls in flight
+ * in other threads, then releases every model and prepared call still open. Also runs at exit()
+ * when the library started its own Python, so returning from main with calls in flight is safe. */
+trt_seer_status trt_seer_shutdown(void);
 
 /* The calling thread's message of its last failed call; "" after a successful one. */
 const char *trt_seer_last_error(void);

@@ -31,6 +31,7 @@ import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.base import Model
 from trt_seer.runtime.io import DeviceTensor, FeedCheck, IOSpec, out_view, token_axes, validate_out
 from trt_seer.runtime.loader import EngineOptions, load_engine
+from trt_seer.runtime.limits import engine_token_limits
 from trt_seer.runtime.prepared_engine import EnginePreparedCall
 from trt_seer.runtime.slot import EnginePending, Plan, Slot, SlotPool
 
@@ -74,6 +75,7 @@ class TensorRTModel(Model):
         self._logger, self._runtime, self._jit_cache = loaded.logger, loaded.runtime, loaded.jit_cache
         self.inputs, self.outputs = engine_specs(self.engine, self.flavor.trt)
         _check_io_names(self.manifest, self.inputs, self.outputs, self.path)
+        self.inputs = engine_token_limits(self.manifest, self.path).apply(self.inputs)
         self._check_feeds = FeedCheck(self.inputs)
         self._graphs_ok = options.use_cuda_graph is not False
         self.graph_mode = "capture" if self._graphs_ok else None  # "runtime": the flavor's own

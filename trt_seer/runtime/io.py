@@ -10,7 +10,8 @@ which expose `__cuda_array_interface__` (torch.as_tensor(t, device="cuda"), cupy
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -44,7 +45,8 @@ def dtype_name(text: str) -> str:
 class IOSpec:
     """One input or output. `shape` has -1 for dynamic axes; `axes` names them ("batch", "seq")
     so inputs that share an axis must agree on it; `min_shape`/`max_shape` bound the dynamic
-    axes where a profile is known (always for engines)."""
+    axes where a profile is known (always for engines). `id_range` [lo, hi) bounds the values of
+    a token input and `max_positions` its "seq" axis, where the model says (runtime/limits.py)."""
 
     name: str
     dtype: str
@@ -52,6 +54,8 @@ class IOSpec:
     axes: tuple[str | None, ...] = ()
     min_shape: tuple[int, ...] | None = None
     max_shape: tuple[int, ...] | None = None
+    id_range: tuple[int, int] | None = field(default=None, compare=False)  # checks, not the description
+    max_positions: int | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         dims = ["?" if d < 0 else str(d) for d in self.shape]
@@ -207,7 +211,28 @@ def validate_feeds(specs: Sequence[IOSpec], feeds: Mapping, *, allow_device: boo
         _check_one(spec, tuple(int(d) for d in arr.shape), np.dtype(arr.dtype))
         _check_shared_axes(spec, arr.shape, sizes)
         out[spec.name] = _native_contiguous(arr) if isinstance(arr, np.ndarray) else arr
+    for spec in specs:  # shapes first: a wrong shape is named before a wrong value
+        check_values(spec, out[spec.name])
     return out
+
+
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # ndarray.min() without its Python wrapper
+
+
+def check_values(spec: IOSpec, value) -> None:
+    """InputError for a token id outside `spec.id_range` (host arrays; a GPU tensor is not read)."""
+    if spec.id_range is None or not isinstance(value, np.ndarray) or value.size == 0:
+        return
+    lo, hi = spec.id_range
+    if _MIN(value, axis=None) >= lo and _MAX(value, axis=None) < hi:
+        return
+    bad = (value < lo) | (value >= hi)
+    where = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), value.shape))
+    got = int(value[where])
+    if got < lo:
+        raise InputError(f"input {spec.name} holds {got} at {list(where)}; token ids are never negative")
+    raise InputError(f"input {spec.name} holds {got} at {list(where)}; the model's table has {hi} ids "
+                     f"({lo}..{hi - 1}): tokenize with the model's own tokenizer")
 
 
 def _native_contiguous(arr: np.ndarray) -> np.ndarray:
@@ -248,6 +273,7 @@ class FeedCheck:
         self.specs = tuple(specs)
         self._names = tuple(s.name for s in self.specs)
         self._np_dtypes = tuple(np.dtype(s.dtype) for s in self.specs)
+        self._limited = tuple((i, s.id_range) for i, s in enumerate(self.specs) if s.id_range is not None)
         self._passed: set[tuple] = set()
 
     def __call__(self, feeds: Mapping, *, allow_device: bool = False,
@@ -272,22 +298,34 @@ class FeedCheck:
             if type(value) is not np.ndarray or value.dtype is not dtype:  # numpy's own dtype objects
                 return None
         key = tuple([v.shape for v in values])
-        return (values, key) if key in self._passed else None
+        if key not in self._passed:
+            return None
+        for i, (lo, hi) in self._limited:  # values change every call: a bad one takes the full check
+            if _MIN(values[i], axis=None) < lo or _MAX(values[i], axis=None) >= hi:
+                return None
+        return values, key
 
 
 def _check_names(specs: Sequence[IOSpec], feeds: Mapping) -> None:
     wanted = [s.name for s in specs]
-    takes = ", ".join(s.describe() for s in specs)
     missing = [n for n in wanted if n not in feeds]
     unknown = sorted(str(n) for n in feeds if n not in wanted)
+    if not missing and not unknown:
+        return
+    takes = ", ".join(s.describe() for s in specs)
     if missing:
         raise InputError(f"missing input(s) {', '.join(missing)}; the model takes {takes}")
     if unknown:
         raise InputError(f"unknown input(s) {', '.join(unknown)}; the model takes {takes}")
 
 
+@functools.cache
+def _np_dtype(name: str) -> np.dtype:
+    return np.dtype(name)
+
+
 def _check_one(spec: IOSpec, shape: tuple[int, ...], dtype: np.dtype) -> None:
-    if dtype.name != spec.dtype:
+    if dtype != _np_dtype(spec.dtype) and dtype.name != spec.dtype:  # (another byte order passes; it is copied)
         raise InputError(f"input {spec.name} has dtype {dtype.name}; the model takes {spec.dtype} "
                          f"(convert with .astype(np.{spec.dtype}))")
     if len(shape) != len(spec.shape):
@@ -304,6 +342,11 @@ def _check_one(spec: IOSpec, shape: tuple[int, ...], dtype: np.dtype) -> None:
         raise InputError(f"input {spec.name} has shape {list(shape)}, outside the profile "
                          f"{list(spec.min_shape)}..{list(spec.max_shape)}; split the batch or "
                          "truncate the sequence, or rebuild with a wider --batch/--seq")
+    if spec.max_positions is not None:
+        for axis, label in enumerate(spec.axes):
+            if label == "seq" and shape[axis] > spec.max_positions:
+                raise InputError(f"input {spec.name} has shape {list(shape)}: {shape[axis]} positions; the "
+                                 f"model has {spec.max_positions}: truncate the sequence")
 
 
 def _check_shared_axes(spec: IOSpec, shape, sizes: dict) -> None:

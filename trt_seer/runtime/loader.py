@@ -37,6 +37,10 @@ class EngineOptions:
     verbose: bool = False
 
     def __post_init__(self):
+        for name in ("device", "contexts", "max_graphs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InputError(f"{name} must be an integer, got {value!r}")
         if self.contexts < 1:
             raise InputError(f"contexts must be >= 1, got {self.contexts}")
 

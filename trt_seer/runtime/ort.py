@@ -19,6 +19,7 @@ from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, ManifestMismatchError, UnsupportedError
 from trt_seer.runtime.base import CallGate, Completed, Model
 from trt_seer.runtime.io import IOSpec, dtype_name, out_view, specs_from_description, validate_feeds, validate_out
+from trt_seer.runtime.limits import token_limits
 
 OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
                        "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -35,6 +36,8 @@ class OrtOptions:
     spinning: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool):
+            raise InputError(f"threads must be an integer, got {self.threads!r}")
         if self.threads < 0:
             raise InputError(f"threads must be >= 0, got {self.threads}")
         if self.optimization not in OPTIMIZATION_LEVELS:
@@ -50,7 +53,7 @@ def session_options(options: OrtOptions):
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL  # transformer graphs are chains: no gain from parallel
     so.intra_op_num_threads = options.threads
     so.inter_op_num_threads = 1
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # fatal only: a failure comes back as the exception, not a line on stderr
     if not options.spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
@@ -113,6 +116,7 @@ class OnnxRuntimeModel(Model):
             self.inputs, self.outputs = record_specs(self.manifest, self.session, self.path)
         else:
             self.inputs, self.outputs = session_specs(self.session)
+        self.inputs = token_limits(self.manifest, self.path).apply(self.inputs)
 
     def infer_async(self, feeds, stream=None, *, outputs=None, out=None, device_outputs: bool = False) -> Completed:
         """Runs at once (ONNX Runtime's run() is synchronous); returns the finished outputs.

@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from trt_seer.errors import InputError, UnsupportedError
-from trt_seer.runtime.io import check_shapes
+from trt_seer.runtime.io import check_shapes, check_values
 
 
 class PreparedCall:
@@ -41,6 +41,7 @@ class PreparedCall:
         self._closed = False
         self.inputs, self.outputs = self._places()
         self._staging = tuple(self.inputs.items())
+        self._ranged = tuple((i, s) for i, s in enumerate(model.inputs) if s.id_range is not None)
 
     def _places(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Where feeds are staged (one array per input, in the model's input order) and where each
@@ -72,6 +73,8 @@ class PreparedCall:
             if ((type(value) is not np.ndarray and not isinstance(value, np.ndarray)) or value.shape != place.shape
                     or (value.dtype is not place.dtype and value.dtype.name != place.dtype.name)):
                 raise InputError(self._mismatch(name, value, place))  # (another byte order is copied)
+        for i, spec in self._ranged:
+            check_values(spec, values[i])
         for (_, place), value in zip(self._staging, values):
             place[...] = value
 

@@ -1,0 +1,244 @@
+"""The C ABI in a long-running service, on a tiny BERT on ONNX Runtime (CPU): bad data refused
+before any work with nothing on stderr and no caller buffer written; the embedded Python isolated
+from the service's PYTHON* variables; close, shutdown and exit racing calls in other threads, and
+fork after open, run clean under AddressSanitizer (tests/capi_service.c); C computes only the
+outputs it asks for. The Python side of the same validation is tested here too."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_capi import (
+    build_library,
+    export_tiny_bert,
+    needs_cc,
+    needs_libpython,
+    run_example,
+)
+
+from trt_seer.errors import InputError
+
+HERE = Path(__file__).resolve().parent
+CC = shutil.which(os.environ.get("CC") or "cc")
+ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=0"}  # the embedded interpreter is never finalized: all "leaks"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return build_library(tmp_path_factory.mktemp("capi"))
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tmp_path_factory):
+    return export_tiny_bert(tmp_path_factory.mktemp("tinybert"))
+
+
+def asan_works(tmp: Path) -> bool:
+    if CC is None:
+        return False
+    src = tmp / "probe.c"
+    src.write_text("int main(void) { return 0; }\n")
+    r = subprocess.run([CC, "-fsanitize=address", str(src), "-o", str(tmp / "probe")], capture_output=True)
+    return r.returncode == 0 and subprocess.run([str(tmp / "probe")]).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """tests/capi_service.c linked with libtrt_seer.so, both built with AddressSanitizer."""
+    from trt_seer.capi.build import build
+
+    out = tmp_path_factory.mktemp("asan")
+    if not asan_works(out):
+        pytest.skip(f"{CC} cannot build with -fsanitize=address here")
+    lib = build(out / "lib", sanitize="address")
+    exe = out / "capi_service"
+    subprocess.run([CC, "-std=c11", "-Wall", "-Wextra", "-Werror", "-fsanitize=address", "-fno-omit-frame-pointer",
+                    "-g", *lib.cflags.split(), str(HERE / "capi_service.c"), "-o", str(exe), *lib.ldflags.split(),
+                    "-lpthread"], check=True, capture_output=True, text=True)
+    return exe
+
+
+def run_service(exe: Path, artifact: Path, mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(exe), str(artifact), mode], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **ASAN_ENV})
+
+
+def rows(stdout: str) -> dict:
+    found = {}
+    for line in stdout.splitlines():
+        case, status, message = line.split("\t")
+        found[case] = (int(status), message)
+    return found
+
+
+pytestmark = [needs_cc, needs_libpython]
+
+
+def test_bad_data_and_short_buffers_fail_before_any_work(service, tiny_onnx):
+    r = run_service(service, tiny_onnx, "bad")
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-3000:]  # nothing on the service's stderr
+    cases = rows(r.stdout)
+    table = "the model's table has 128 ids (0..127)"
+    expected = {
+        "id_too_large": (1, f"input input_ids holds 50000 at [0, 3]; {table}"),
+        "id_negative": (1, "input input_ids holds -1 at [1, 1]; token ids are never negative"),
+        "too_long": (1, "input input_ids has shape [2, 200]: 200 positions; the model has 128"),
+        "small_second_buffer": (4, "output sentence_embedding is float32[2, 32] = 256 bytes; its buffer holds 16"),
+        "prepared_id_too_large": (1, f"input input_ids holds 128 at [1, 7]; {table}"),
+        "prepared_id_negative": (1, "input input_ids holds -7 at [0, 0]; token ids are never negative"),
+        "prepared_small_second_buffer": (4, ("output sentence_embedding is float32[2, 32] = 256 bytes; its "
+                                             "buffer holds 16")),
+        "threads_string": (1, 'option threads must be int, got "2"'),
+        "null_shape": (1, "input input_ids has ndim 2 and no shape"),
+        "input_info": (0, "input_ids max [-1, 128]"),  # the positions bound the seq axis in C too
+    }
+    for case, (status, words) in expected.items():
+        assert cases[case][0] == status and words in cases[case][1], (case, cases[case])
+    for case in ("prepare", "prepared_run", "prepared_close", "run", "close"):
+        assert cases[case] == (0, ""), (case, cases[case])
+    assert cases["untouched"] == (0, "")  # no failed call wrote any byte of any output buffer
+
+
+def test_python_infer_refuses_the_same_data_before_onnxruntime(tiny_onnx, capfd):
+    from trt_seer.runtime import load
+
+    ids = np.full((2, 8), 5, np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    with load(tiny_onnx, threads=1) as m:
+        for name, value, words in (("input_ids", 50000, "holds 50000 at [0, 3]"),
+                                   ("input_ids", -1, "token ids are never negative"),
+                                   ("token_type_ids", 2, "the model's table has 2 ids")):
+            bad = feeds[name].copy()
+            bad[0, 3] = value
+            with pytest.raises(InputError, match=words.replace("[", r"\[").replace("]", r"\]")):
+                m.infer({**feeds, name: bad}, outputs=["sentence_embedding"])
+        long = np.ones((1, 129), np.int64)
+        with pytest.raises(InputError, match="129 positions; the model has 128"):
+            m.infer({"input_ids": long, "attention_mask": long, "token_type_ids": 0 * long})
+        with m.prepare({k: v.shape for k, v in feeds.items()}) as call, pytest.raises(InputError, match="holds 128 at"):
+            call.run({**feeds, "input_ids": ids + 123})
+        assert m.infer(feeds)["sentence_embedding"].shape == (2, 32)  # the good feeds still run
+    assert capfd.readouterr().err == ""
+
+
+def test_limits_come_from_the_record_before_the_graph(tiny_onnx, tmp_path):
+    from trt_seer.runtime.limits import limits_from_onnx, token_limits
+
+    assert limits_from_onnx(tiny_onnx).ids == {"input_ids": 128, "token_type_ids": 2}
+    assert limits_from_onnx(tiny_onnx).max_positions == 128
+    record = {"limits": {"vocab_size": 100, "type_vocab_size": 1, "max_positions": 64}}
+    limits = token_limits(record, tiny_onnx)
+    assert (limits.ids, limits.max_positions) == ({"input_ids": 100, "token_type_ids": 1}, 64)
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\xff" * 64)
+    assert token_limits(None, junk).ids == {}  # an unreadable graph: only the sign is checked
+
+
+def test_open_ignores_the_services_python_variables(built, tiny_onnx, tmp_path):
+    clean = run_example(built, tiny_onnx, "--options", '{"threads": 1}')
+    assert clean.returncode == 0, clean.stderr
+    hostile = {"PYTHONHOME": str(tmp_path / "nowhere"), "PYTHONPATH": str(tmp_path / "elsewhere"),
+               "PYTHONWARNINGS": "error", "PYTHONSAFEPATH": "", "PYTHONNOUSERSITE": ""}
+    r = run_example(built, tiny_onnx, "--options", '{"threads": 1}', env=hostile)
+    assert (r.returncode, r.stdout, r.stderr) == (0, clean.stdout, "")
+
+
+def test_another_python_than_the_built_one_is_refused_in_one_line(built, tiny_onnx):
+    r = run_example(built, tiny_onnx, env={"TRT_SEER_PYTHON": "/usr/bin/python3.9"})
+    assert r.returncode == 7 and r.stdout == "" and r.stderr.count("\n") == 1, r
+    assert r.stderr.startswith("error 7: TRT_SEER_PYTHON=/usr/bin/python3.9 names another Python than the one "
+                               f"this library was built for ({sys.executable})")
+
+
+def test_close_while_other_threads_run_is_clean_under_asan(service, tiny_onnx):
+    r = run_service(service, tiny_onnx, "close")
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-3000:]
+    cases = rows(r.stdout)
+    assert cases["close"] == (0, "") and cases["close_again"] == (0, "")
+    assert cases["late_run"] == (1, "the model is closed") and cases["late_num_inputs"] == (1, "the model is closed")
+    assert cases["calls"][0] == 0, cases["calls"]  # every call either ran or was refused as closed
+
+
+@pytest.mark.parametrize(("mode", "attempt"), [("exit", 1), ("exit", 2), ("exit", 3), ("shutdown", 1)])
+def test_returning_from_main_with_calls_in_flight_is_clean_under_asan(service, tiny_onnx, mode, attempt):
+    r = run_service(service, tiny_onnx, mode)
+    assert r.returncode == 0 and r.stderr == "", (r.returncode, r.stderr[-3000:])
+    cases = rows(r.stdout)
+    assert cases["returning"] == (0, "")
+    if mode == "shutdown":
+        assert cases["shutdown"] == (0, "")
+        assert cases["after_shutdown"] == (1, "trt_seer_shutdown was called; the library takes no more calls")
+
+
+def test_fork_after_open_is_refused_in_the_child(service, tiny_onnx):
+    r = run_service(service, tiny_onnx, "fork")
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-3000:]
+    cases = rows(r.stdout)
+    for case in ("child_run", "child_open"):
+        assert cases[case][0] == 6 and "this process was forked after trt_seer_open" in cases[case][1], cases[case]
+    assert cases["parent_run"] == (0, "") and cases["close"] == (0, "")
+
+
+def test_c_asks_infer_only_for_the_outputs_it_wants(built, tiny_onnx):
+    """Through a Python host, whose interpreter the library joins: the bridge's Handle is the real
+    model; a recording wrapper around its infer shows which outputs C asked for."""
+    script = f"""
+import ctypes as c, json
+import numpy as np
+from trt_seer.capi import bridge
+asked = []
+class Recording(bridge.Handle):
+    def __init__(self, model):
+        super().__init__(model)
+        infer = model.infer
+        def recorded(feeds, outputs=None, **kw):
+            asked.append(outputs)
+            return infer(feeds, outputs=outputs, **kw)
+        model.infer = recorded
+bridge.Handle = Recording
+class Input(c.Structure):
+    _fields_ = [("name", c.c_char_p), ("dtype", c.c_int), ("ndim", c.c_int32),
+                ("shape", c.POINTER(c.c_int64)), ("data", c.c_void_p)]
+class Output(c.Structure):
+    _fields_ = [("name", c.c_char_p), ("data", c.c_void_p), ("capacity_bytes", c.c_size_t),
+                ("dtype", c.c_int), ("ndim", c.c_int32), ("shape", c.c_int64 * 8)]
+lib = c.CDLL({str(built.library)!r})
+m = c.c_void_p()
+assert lib.trt_seer_open({str(tiny_onnx).encode()!r}, None, None, c.byref(m)) == 0
+ids = np.full((2, 8), 7, np.int64)
+arrays = [ids, np.ones_like(ids), np.zeros_like(ids)]
+shape = (c.c_int64 * 2)(2, 8)
+ins = (Input * 3)(*[Input(n, 4, 2, shape, a.ctypes.data) for n, a in
+                    zip((b"input_ids", b"attention_mask", b"token_type_ids"), arrays)])
+emb = np.zeros((2, 32), np.float32)
+out = Output(b"sentence_embedding", emb.ctypes.data, emb.nbytes)
+assert lib.trt_seer_run(m, 3, ins, 1, c.byref(out)) == 0
+print(json.dumps(asked), float(np.abs(emb).sum()) > 0)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [json.dumps([["sentence_embedding"]]), "True"]
+
+
+def test_bench_capi_compares_c_and_python_asking_for_the_same_output(tiny_onnx, tmp_path):
+    bench = HERE.parent / "tools" / "bench_capi.py"
+    md = tmp_path / "BENCHMARKS.md"
+    r = subprocess.run([sys.executable, str(bench), str(tiny_onnx), "--calls", "20", "--rounds", "1",
+                        "--append", str(md)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for path in ("C trt_seer_run", "C trt_seer_prepared_run", "Python infer(outputs=[output])",
+                 "Python prepared(outputs=[output]).run(feeds)", "ONNX Runtime session.run([output])"):
+        assert f"| {path} | " in r.stdout, path
+    assert "only `sentence_embedding` asked for on every path" in r.stdout
+    assert "C over Python infer: trt_seer_run " in r.stdout and "(budget: +30 us)" in r.stdout
+    assert re.search(r"First trt_seer_open .*: \d+ ms, resident memory \+\d+ MB", r.stdout)
+    section = md.read_text()
+    assert "## C ABI vs Python infer, tiny.fp32.onnx on onnxruntime, only sentence_embedding" in section
+    assert "- Command: `PYTHONPATH=. python tools/bench_capi.py " in section
