@@ -85,8 +85,8 @@ def build(request: BuildRequest) -> BuildResult:
     plan = plan_for(info, request, chosen)
     if request.dry_run:
         return BuildResult(plan=plan)
-    log.info("plan for %s (%s):\n%s", info.name, ", ".join(chosen), plan.describe())
     resources.check_room(plan, request.out, already=_existing_bytes(request.out, info.name))
+    log.info("plan for %s (%s):\n%s", info.name, ", ".join(chosen), plan.describe())
     out = ensure_out_dir(request.out)
     if info.task == "causal-lm":
         from trt_seer.decoder_build import build_decoder as run

@@ -1,0 +1,203 @@
+"""The streaming decoder build (decoder_build.py), the build plan and its refusals (resources.py),
+and the weight map that lets a build drop the FP16 graph's weights (export/weights.py)."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tiny import make_tiny_checkpoint
+from trt_seer.engine import manifest, trt
+from trt_seer.resources import weight_sizes
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_trt = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
+LOOSE_GATE = ("--min-agreement", "0", "--max-ppl-increase", "10")  # random weights: nothing to protect
+PROFILE = ("--batch", "1,4,16", "--seq", "8,64,256")
+ENV = {**os.environ, "TQDM_DISABLE": "1"}
+
+
+def random_checkpoint(shape: str, dest: Path) -> Path:
+    spec = importlib.util.spec_from_file_location("random_checkpoint", ROOT / "tools" / "random_checkpoint.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write_checkpoint(shape, dest)
+
+
+def du(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass  # renamed or removed between listing and stat
+    return total
+
+
+def build_polled(*args, out: Path) -> tuple[subprocess.CompletedProcess, int]:
+    """`trt-seer build ARGS`, with the disk under `out` sampled every 20 ms from outside: (result, peak)."""
+    cmd = [sys.executable, "-m", "trt_seer", "build", *map(str, args), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    peak = [0]
+
+    def poll():
+        while proc.poll() is None:
+            if out.is_dir():
+                peak[0] = max(peak[0], du(out))
+            time.sleep(0.02)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    stdout, stderr = proc.communicate(timeout=1500)
+    t.join()
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), peak[0]
+
+
+@pytest.fixture(scope="module")
+def llama80m(tmp_path_factory) -> Path:
+    return random_checkpoint("llama-80m", tmp_path_factory.mktemp("ckpt") / "llama80m")
+
+
+@pytest.fixture(scope="module")
+def streamed(llama80m, tmp_path_factory):
+    if not trt.available():
+        pytest.skip("no TensorRT / TensorRT-RTX importable")
+    out = tmp_path_factory.mktemp("streamed") / "out"
+    r, peak = build_polled("--model", llama80m, "--fp16", "--int4", *PROFILE, *LOOSE_GATE, out=out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, r, peak
+
+
+@needs_trt
+@pytest.mark.slow
+def test_80m_decoder_fp16_int4_peaks_under_2_5x_its_fp16_weights(llama80m, streamed):
+    out, r, peak = streamed
+    fp16_bytes = weight_sizes(llama80m, json.loads((llama80m / "config.json").read_text())).fp16_bytes
+    assert 150e6 < fp16_bytes < 170e6  # ~80M parameters
+    assert peak <= 2.5 * fp16_bytes, f"peak {peak / fp16_bytes:.2f}x the FP16 weights"
+    plan = manifest.read_engine_manifest(out / "llama80m.int4.manifest.json")["build_plan"]
+    assert plan["peak_disk_bytes"] >= peak  # the plan that checked the room was not an underestimate
+    names = {p.name for p in out.iterdir()}
+    assert {"llama80m.fp16.engine", "llama80m.int4.engine", "llama80m.fp16.skeleton.onnx"} <= names
+    assert not [n for n in names if "fp32" in n], "a decoder build wrote an FP32 copy"
+    assert not [n for n in names if n.endswith((".onnx", ".onnx.data")) and "skeleton" not in n]
+    for precision in ("fp16", "int4"):  # records outlive their graphs, marked removed
+        assert json.loads((out / f"llama80m.{precision}.onnx.json").read_text())["removed"] is True
+
+
+@needs_trt
+@pytest.mark.slow
+def test_stage_figures_reach_the_log_and_the_manifests(streamed):
+    out, r, _ = streamed
+    m = manifest.read_engine_manifest(out / "llama80m.int4.manifest.json")
+    stages = {s["stage"]: s for s in m["build_stages"]}
+    assert {"fp16 onnx", "fp16 engine", "fp16 reference", "int4 onnx", "int4 engine"} <= set(stages)
+    for s in stages.values():
+        assert s["seconds"] >= 0 and s["peak_rss_bytes"] > 0 and s["written_bytes"] >= 0 and s["peak_disk_bytes"] >= 0
+    assert stages["fp16 onnx"]["written_bytes"] > 100e6 and stages["fp16 engine"]["peak_disk_bytes"] > 300e6
+    assert r.stderr.count("stage int4 engine:") == 1 and "peak RSS" in r.stderr
+    assert "later stages read them from the checkpoint" in r.stderr
+    q = json.loads((out / "llama80m.int4.onnx.json").read_text())["quantization"]
+    assert q["quantized_gemms"] == 7 * 14 and q["fp16_gemms"] == []  # every block GEMM INT4, head FP16
+
+
+@needs_trt
+@pytest.mark.slow
+def test_a_second_build_is_a_cache_hit_without_torch(llama80m, streamed):
+    out = streamed[0]
+    code = ("import sys, time; from trt_seer.cli import main; t = time.perf_counter(); "
+            f"rc = main(['build', '--model', {str(llama80m)!r}, '--fp16', '--int4', *{list(PROFILE + LOOSE_GATE)!r}, "
+            f"'--out', {str(out)!r}]); print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.stdout.split() == ["0", "False", "False"], r.stderr[-2000:]
+    assert "int4 engine up to date" in r.stderr
+
+
+@pytest.mark.slow
+def test_dry_run_prints_the_plan_and_writes_nothing(llama80m, tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(llama80m), "--fp16", "--int8",
+                        "--int4", "--dry-run", *PROFILE, "--out", str(out)], capture_output=True, text=True, env=ENV,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for line in ("fp16.onnx weights removed", "int8.engine", "int4.onnx removed", "peak disk under --out",
+                 "peak memory (estimate)"):
+        assert line in r.stdout
+    assert not out.exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 40 MB tmpfs (needs root, as CI runs); skipped where mounting is not allowed."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.slow
+def test_a_build_without_room_is_refused_before_any_work(llama80m, small_disk):
+    out = small_disk / "engines"
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(llama80m), "--fp16", "--int4",
+                        *PROFILE, "--out", str(out)], capture_output=True, text=True, env=ENV, timeout=600)
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trt-seer: error:") and "GiB free but this build needs" in lines[0]
+    assert list(small_disk.iterdir()) == [] and time.perf_counter() - t < 120  # nothing written, no export ran
+
+
+def test_weights_map_back_to_the_checkpoint_exactly(tmp_path):
+    """The FP16 graph's weights, dropped and read back from the checkpoint through the weight map,
+    are bit for bit the exported ones (transposed GEMM weights included)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from trt_seer import pipeline
+    from trt_seer.export import weights
+    from trt_seer.export.families import resolve_model
+
+    ckpt = make_tiny_checkpoint("llama", "causal-lm", tmp_path / "llama", hidden_size=128, intermediate_size=256)
+    info = resolve_model(ckpt)
+    art = pipeline.Artifacts(tmp_path, info.name)
+    record = pipeline.fp16_decoder_onnx(info, art)
+    wmap = record["weights_from_checkpoint"]
+    assert {m["transposed"] for m in wmap.values()} == {True, False} and len(wmap) >= 7 * 2
+    skeleton = weights.weightless(art.path("fp16.onnx"), wmap)
+    assert all(not t.raw_data for t in skeleton.graph.initializer if t.name in wmap)
+    back = weights.materialize(skeleton, wmap, weights.CheckpointTensors(ckpt))
+    original = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(art.path("fp16.onnx"))).graph.initializer}
+    restored = {t.name: numpy_helper.to_array(t) for t in back.graph.initializer}
+    assert original.keys() == restored.keys()
+    for name, a in original.items():
+        assert a.dtype == restored[name].dtype and np.array_equal(a, restored[name]), name
+
+
+@needs_trt
+def test_gate_fallback_ranks_by_weight_error_once_the_fp16_weights_are_gone(tmp_path):
+    """An INT4 gate that the all-INT4 graph misses falls back GEMM by GEMM even though the FP16
+    graph's weights were removed: ranked by the error of their quantized weights, FP16 weights
+    for the kept GEMMs read from the checkpoint."""
+    from test_weightonly import npz_batches
+
+    ckpt = make_tiny_checkpoint("llama", "causal-lm", tmp_path / "llama", hidden_size=128, intermediate_size=256)
+    calib = npz_batches(tmp_path / "calib")
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(ckpt), "--int4", "--calib", str(calib),
+                        "--batch", "1,2,4", "--seq", "8,16,32", "--min-agreement", "0.85", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, env=ENV, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ranking GEMMs by the relative error of their quantized weights" in r.stderr
+    rec = json.loads((tmp_path / "out" / "llama.int4.onnx.json").read_text())
+    table = rec["accuracy"]["gate"]["table"]
+    assert table[0][2] is False and table[-1][2] is True and rec["quantization"]["fp16_gemms"]
+    assert rec["accuracy"]["onnx_vs_fp16"]["agreement"] >= 0.85 and rec["removed"] is True
