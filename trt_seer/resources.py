@@ -74,12 +74,12 @@ def weight_sizes(ckpt: Path, config: dict) -> WeightSizes | None:
             for d in t["shape"]:
                 n *= int(d)
             total += n * DTYPE_BYTES.get(t["dtype"], 2)
-            counts[_role(name, t["shape"])] += n
+            counts[role(name, t["shape"])] += n
     tied = counts["head"] == 0 and bool(config.get("tie_word_embeddings", True))
     return WeightSizes(**counts, checkpoint_bytes=total, tied=tied)
 
 
-def _role(name: str, shape: list) -> str:
+def role(name: str, shape: list) -> str:
     if "lm_head" in name or name.endswith("embed_out.weight"):
         return "head"
     if "embed" in name or name.endswith(("wte.weight", "wpe.weight")):
