@@ -186,7 +186,7 @@ def main() -> None:
         print(p, json.dumps(rows[p]), flush=True)
     from trt_seer.runtime import cuda
 
-    text = _md(args.shape, cuda.device_name(0) if hasattr(cuda, "device_name") else "GPU", b, rows,
+    text = _md(args.shape, cuda.device_info(0).name, b, rows,
                worked_out(args.shape, args), args) + _md_worked(worked, args.max_total)
     print(text)
     (args.work / f"{args.shape}.json").write_text(json.dumps({"build": b, "engines": rows}, indent=1))
