@@ -185,19 +185,19 @@ def test_weights_map_back_to_the_checkpoint_exactly(tmp_path):
 
 @needs_trt
 def test_gate_fallback_ranks_by_weight_error_once_the_fp16_weights_are_gone(tmp_path):
-    """An INT4 gate that the all-INT4 graph misses falls back GEMM by GEMM even though the FP16
-    graph's weights were removed: ranked by the error of their quantized weights, FP16 weights
-    for the kept GEMMs read from the checkpoint."""
+    """An INT4 gate that the all-INT4 graph misses (99% agreement on a random tiny model) falls back
+    GEMM by GEMM even though the FP16 graph's weights were removed: ranked by the error of their
+    quantized weights, FP16 weights for the kept GEMMs read from the checkpoint."""
     from test_weightonly import npz_batches
 
     ckpt = make_tiny_checkpoint("llama", "causal-lm", tmp_path / "llama", hidden_size=128, intermediate_size=256)
     calib = npz_batches(tmp_path / "calib")
     r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(ckpt), "--int4", "--calib", str(calib),
-                        "--batch", "1,2,4", "--seq", "8,16,32", "--min-agreement", "0.85", "--out", str(tmp_path / "out")],
+                        "--batch", "1,2,4", "--seq", "8,16,32", "--min-agreement", "0.99", "--out", str(tmp_path / "out")],
                        capture_output=True, text=True, env=ENV, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ranking GEMMs by the relative error of their quantized weights" in r.stderr
     rec = json.loads((tmp_path / "out" / "llama.int4.onnx.json").read_text())
     table = rec["accuracy"]["gate"]["table"]
     assert table[0][2] is False and table[-1][2] is True and rec["quantization"]["fp16_gemms"]
-    assert rec["accuracy"]["onnx_vs_fp16"]["agreement"] >= 0.85 and rec["removed"] is True
+    assert rec["accuracy"]["onnx_vs_fp16"]["agreement"] >= 0.99 and rec["removed"] is True

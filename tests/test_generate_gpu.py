@@ -33,7 +33,7 @@ def engines(tmp_path_factory):
     out = root / "out"
     r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(ckpt), "--fp16", "--int8",
                         "--int4", "--int4-block", "32", "--max-ppl-increase", "1.0", "--min-agreement", "0.0",
-                        *BUILD, "--out", str(out)], capture_output=True, text=True)
+                        "--keep-intermediates", *BUILD, "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     return ckpt, out
 

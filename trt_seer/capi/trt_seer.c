@@ -231,7 +231,8 @@ static int start_interpreter(void) {
 
 /* GIL held: checks that the started interpreter is the one recorded (its prefix), adds the build's
  * sys.path entries it lacks (PYTHONPATH and user site at build time: the isolated configuration
- * reads neither) and keeps its trt_seer loggers off stderr (logging's last resort); imports trt_seer
+ * reads neither; a sitecustomize among them runs, as in the building interpreter) and keeps its trt_seer
+ * loggers off stderr (logging's last resort); imports trt_seer
  * from the recorded directory ahead of anything else on sys.path, then the bridge. A Python host's
  * interpreter is left as it is. */
 static const char START[] =
@@ -243,6 +244,8 @@ static const char START[] =
     "        for entry in search.split(os.pathsep):\n"
     "            if entry and entry not in sys.path and os.path.isdir(entry):\n"
     "                site.addsitedir(entry) if entry.endswith('-packages') else sys.path.append(entry)\n"
+    "        if 'sitecustomize' not in sys.modules and hasattr(site, 'execsitecustomize'):\n"
+    "            site.execsitecustomize()  # a start-up hook on those entries runs as it did when built\n"
     "        logging.getLogger('trt_seer').addHandler(logging.NullHandler())\n"
     "    if package_dir:\n"
     "        sys.path.insert(0, package_dir)\n"
