@@ -118,3 +118,14 @@ def test_profile_longer_than_the_model_positions(tmp_path):
     r = run_cli("build", "--model", str(ckpt), "--out", str(tmp_path / "out"))  # default seq max 256
     assert_one_line_error(r, "--seq max 256 exceeds the 128 positions")
     assert not (tmp_path / "out").exists()
+
+
+def test_parser_builds_when_importlib_util_was_not_preloaded():
+    """A fresh venv's interpreter does not import importlib.util at startup (site's .pth handling
+    does in some installs); `-S` reproduces that start, with only this tree on sys.path."""
+    path = [str(Path(__file__).resolve().parents[1]), *sys.path]  # this tree, then numpy & co.
+    script = (f"import sys; sys.path[:] = {path!r}; import trt_seer.cli as c; "
+              "p = c.build_parser(); print(sorted(p._subparsers._group_actions[0].choices))")
+    r = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert all(cmd in r.stdout for cmd in SUBCOMMANDS)
