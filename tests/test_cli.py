@@ -154,3 +154,20 @@ def test_no_machine_specific_figure_in_messages_or_docstrings(module):
     found = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant)
              and isinstance(node.value, str) and MEASURED.search(node.value) and GPU_NAME.search(node.value)]
     assert found == [], f"trt_seer/{module} lines {found}: cite docs/BENCHMARKS.md instead of a figure"
+
+
+def test_top_level_help_names_every_command():
+    r = run_cli("--help")
+    description = r.stdout.split("\n\n")[1]  # the line under usage, before the command list
+    assert all(cmd in description for cmd in SUBCOMMANDS), description
+
+
+def test_a_cuda_failure_has_its_own_documented_exit_code():
+    """Out of memory is neither a failed check (1) nor bad input (2) nor a bug (4)."""
+    from trt_seer import errors
+
+    code = errors.CudaError("cudaErrorMemoryAllocation (2)", 2, "cudaErrorMemoryAllocation").exit_code
+    assert code not in (errors.EXIT_CHECK_FAILED, errors.EXIT_BAD_INPUT, errors.EXIT_INTERNAL)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert re.search(rf"^\| {code} \| a resource failed at run time: a CUDA error", readme, re.M)
+    assert f"  {code}    a resource failed at run time" in run_cli("--help").stdout
