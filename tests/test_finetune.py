@@ -353,6 +353,20 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(toy, tmp_path, capsys, 
     assert sorted(p.name for p in tmp_path.iterdir()) == [train.name]
 
 
+@pytest.mark.parametrize("content", ['{"version": "1.0", "model": 42}', '{"version": "1.0", "model": '])
+def test_corrupt_tokenizer_json_is_bad_input(toy, tmp_path, capsys, content):
+    import shutil
+
+    model = tmp_path / "bert"
+    shutil.copytree(toy / "bert", model)
+    (model / "tokenizer.json").write_text(content)
+    code = main(["finetune", "--model", str(model), "--train", str(toy / "train.jsonl"), "--device", "cpu",
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "tokenizer.json" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_eval_label_unseen_in_training_is_refused(toy, tmp_path):
     write_jsonl(tmp_path / "eval.jsonl", [{"text": "w1", "label": "weather"}])
     with pytest.raises(InputError, match="eval label 'weather'"):

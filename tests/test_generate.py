@@ -9,6 +9,7 @@ import pytest
 from tiny import VOCAB, make_tiny_checkpoint
 
 from trt_seer import cli, pipeline
+from trt_seer.errors import InputError
 from trt_seer.export.families import resolve_model
 from trt_seer.runtime.generate import Generator, Sampling, load_generator, load_step, load_tokenizer
 
@@ -265,3 +266,11 @@ def test_generation_speed_of_an_onnx_runtime_step(artifacts):
     assert list(row["ttft_ms"]) == [8] and row["ttft_ms"][8] > 0
     text = table({"ort fp32": row}, spec, "ort fp32")
     assert "| ort fp32 |" in text and "1.00x" in text and "decode tok/s b2" in text
+
+
+def test_corrupt_tokenizer_json_beside_an_artifact_is_bad_input(tmp_path):
+    folder = tmp_path / "x.tokenizer"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": 42}')
+    with pytest.raises(InputError, match="not a usable tokenizer.json"):
+        load_tokenizer(tmp_path / "x.fp32.onnx", {"tokenizer": folder.name})

@@ -78,6 +78,10 @@ def load_tokenizer(info: ModelInfo):
     """The checkpoint's tokenizer; decoders without a pad token pad with their EOS token."""
     from transformers import AutoTokenizer
 
+    from trt_seer.runtime.tokenizer import tokenizer_from_file
+
+    if (Path(info.path) / "tokenizer.json").is_file():  # transformers fails on a bad one with any error
+        tokenizer_from_file(Path(info.path) / "tokenizer.json")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(info.path))
     except (OSError, ValueError) as e:

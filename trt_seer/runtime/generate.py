@@ -231,7 +231,7 @@ def artifact_decoder(artifact: str | Path) -> dict:
 
 def load_tokenizer(artifact: Path, decoder: dict, directory: str | Path | None = None):
     """The `tokenizers` tokenizer copied beside the artifact (or from `directory`)."""
-    from tokenizers import Tokenizer
+    from trt_seer.runtime.tokenizer import tokenizer_from_file
 
     if directory is None and not decoder.get("tokenizer"):
         raise InputError(f"{Path(artifact).name} has no tokenizer beside it; pass a directory with "
@@ -240,7 +240,7 @@ def load_tokenizer(artifact: Path, decoder: dict, directory: str | Path | None =
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise InputError(f"no tokenizer.json in {folder}")
-    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer = tokenizer_from_file(path)
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return tokenizer
