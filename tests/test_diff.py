@@ -178,6 +178,26 @@ def test_polygraphy_run_reproduces_fp16_comparison(tiny, capsys, tmp_path):
     assert r.returncode != 0
 
 
+@pytest.mark.slow
+def test_readme_polygraphy_line_is_what_the_report_writes_and_passes(tiny, capsys, tmp_path):
+    """The README's `diff ... fp16.onnx.json --against fp32 --report out/`, then its `cd out/ &&
+    polygraphy run ...` line, on the tiny model in the default model's place."""
+    info, art = tiny
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Accuracy: `trt-seer diff`", 1)[1].split("\n## ", 1)[0].replace("\\\n", " ")
+    lines = [" ".join(line.split()) for line in section.splitlines()]
+    (diff_line,) = [line for line in lines if line.startswith("trt-seer diff") and "--report out/" in line]
+    (poly,) = [line for line in lines if line.startswith("cd out/ && polygraphy run") and "--onnxrt" in line]
+    work = tmp_path / "work"
+    shutil.copytree(art.out, work / "engines")
+    argv = [w.replace("engines/all-MiniLM-L6-v2", str(work / "engines" / info.name)) for w in diff_line.split()[2:]]
+    assert run_diff(capsys, *[w.replace("out/", str(work / "out")) for w in argv])[0] == 0
+    poly = poly.replace("all-MiniLM-L6-v2", info.name).removeprefix("cd out/ && ")
+    assert poly in _reproduce_lines((work / "out" / "report.md").read_text())
+    r = _shell(poly, work / "out")
+    assert r.returncode == 0 and "PASSED" in r.stdout + r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
+
+
 def test_layer_profile_fp16_vs_fp32(tiny):
     info, art = tiny
     fp32, fp16 = art.path("fp32.onnx"), art.path("fp16.onnx")
