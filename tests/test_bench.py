@@ -503,3 +503,22 @@ def test_bench_modules_import_each_other_without_a_cycle():
         graph[f"trt_seer.bench.{f.stem}".removesuffix(".__init__")] = deps
     assert graph["trt_seer.bench"] == set()  # the package imports nothing
     tuple(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a cycle
+
+
+def test_bench_never_replaces_a_diff_report(tmp_path):
+    """`diff --report out/` then `bench --quick`: bench's default is a directory of its own, and a
+    directory holding another command's report is refused before anything runs."""
+    from trt_seer.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--quick"])
+    assert args.report == "out/bench"
+    theirs = tmp_path / "out"
+    theirs.mkdir()
+    diff_report = json.dumps({"schema": 1, "verdict": "passed", "comparisons": []})
+    (theirs / "report.json").write_text(diff_report)
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "tinybert")
+    r = cli("bench", "--model", str(ckpt), "--engines", str(tmp_path / "engines"), "--quick", "--paths",
+            "torch-fp32-cpu", "--no-manifest", "--report", str(theirs))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "holds `trt-seer diff`'s report" in r.stderr
+    assert (theirs / "report.json").read_text() == diff_report and sorted(os.listdir(theirs)) == ["report.json"]

@@ -298,6 +298,15 @@ def test_bad_inputs_exit_2(tiny, capsys, tmp_path):
     assert "cannot tell name and precision" in one_line_error(capsys, lone / "model.onnx")
 
 
+def test_diff_never_replaces_a_bench_report(tiny, capsys, tmp_path):
+    _, art = tiny
+    theirs = tmp_path / "out"
+    theirs.mkdir()
+    (theirs / "report.json").write_text(json.dumps({"rows": [], "machine": {}}))
+    assert "holds `trt-seer bench`'s report" in one_line_error(capsys, record(art, "fp16"), "--report", theirs)
+    assert sorted(p.name for p in theirs.iterdir()) == ["report.json"]
+
+
 def test_tolerance_overrides():
     spec = diff.DiffSpec(atol=(("", 1e-3), ("b", 5e-2), ("", 2e-3)), rtol=(("a", 0.5),))
     tols = diff.tolerances("fp16", ["a", "b"], spec)

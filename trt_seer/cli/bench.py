@@ -52,7 +52,9 @@ def add_parser(subparsers, common):
     o = p.add_argument_group("report")
     o.add_argument("--price-per-hour", type=positive_float, default=2.5, metavar="USD",
                    help="machine price for the cost column (default: 2.5)")
-    o.add_argument("--report", metavar="DIR", default="out", help="report.md/.json and plots go here (default: out/)")
+    o.add_argument("--report", metavar="DIR", default="out/bench",
+                   help="report.md/.json and plots go here (default: out/bench/; a directory holding "
+                        "another command's report is refused)")
     o.add_argument("--append", metavar="FILE", default=None,
                    help="also append the table, date, machine and command to FILE, e.g. docs/BENCHMARKS.md")
     o.add_argument("--no-manifest", action="store_true", help="do not record results in the artifacts' manifests")
@@ -116,10 +118,12 @@ def check_seq(args, seq: int) -> None:
 def run(args) -> int:
     from trt_seer.bench import report as benchreport
     from trt_seer.bench.run import bench
+    from trt_seer.cli import common
     from trt_seer.files import ensure_out_dir
 
     spec = spec_from_args(args)
     check_seq(args, spec.seq)
+    common.check_report_dir(args.report, "bench")
     out = ensure_out_dir(args.report)
     report = bench(spec)
     print(benchreport.table(report))

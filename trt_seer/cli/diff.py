@@ -77,6 +77,9 @@ def check_inputs(target, spec, report: str | None) -> None:
         if path.is_file():
             onnxio.check_readable(path)
     if report:
+        from trt_seer.cli import common
+
+        common.check_report_dir(report, "diff")
         ensure_out_dir(Path(report))
 
 
