@@ -522,3 +522,25 @@ def test_bench_never_replaces_a_diff_report(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "holds `trt-seer diff`'s report" in r.stderr
     assert (theirs / "report.json").read_text() == diff_report and sorted(os.listdir(theirs)) == ["report.json"]
+
+
+def test_cpu_int8_instructions_are_read_from_cpuinfo_flags():
+    vnni = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512bw avx512_vnni amx_tile amx_int8\n"
+    assert benchhost.int8_isa(benchhost.cpu_flags(vnni)) == "AMX-INT8, AVX-512 VNNI, AVX-512BW, AVX2"
+    avx2 = "flags\t\t: fpu sse avx avx2 fma\n"
+    assert benchhost.int8_isa(benchhost.cpu_flags(avx2)).startswith("AVX2 (no VNNI/AMX")
+    arm = "Features\t: fp asimd asimddp i8mm\n"
+    assert benchhost.int8_isa(benchhost.cpu_flags(arm)) == "Arm I8MM, Arm dot product"
+    assert benchhost.int8_isa(None).startswith("unknown")
+
+
+@pytest.mark.slow
+def test_quick_report_names_the_cpu_int8_instructions_next_to_cpu_int8_figures(quick_run):
+    root, r, report = quick_run
+    isa = benchhost.cpu_int8_isa()
+    assert report["machine"]["cpu_int8_isa"] == isa
+    assert f"ran with these INT8 instructions: {isa}" in r.stdout
+    int8 = [f for f in report["int8"] if f["int8"].startswith("PyTorch dynamic INT8")]
+    assert int8 and int8[0]["cpu_int8_isa"] == isa
+    md = (root / "report" / "report.md").read_text()
+    assert f"CPU INT8 instructions: {isa}" in md and f"(CPU INT8 instructions: {isa})." in md

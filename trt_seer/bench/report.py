@@ -43,7 +43,15 @@ def table(report: dict) -> str:
     for row in report["rows"]:
         for p in row["points"]:
             lines.append("| " + " | ".join(_cells(row, p)) + " |")
-    return "\n".join(lines + [""] + not_run(report))
+    return "\n".join(lines + [""] + cpu_int8_note(report) + not_run(report))
+
+
+def cpu_int8_note(report: dict) -> list[str]:
+    """Beside CPU INT8 figures: the CPU's INT8 instructions, which their speed depends on."""
+    isa = report.get("machine", {}).get("cpu_int8_isa")  # absent in reports of older versions
+    ran = [r["label"] for r in report["rows"] if r["status"] == "ok" and r["device"] == "cpu"
+           and r["precision"] == "int8"]
+    return [f"- CPU INT8 rows ({', '.join(ran)}) ran with these INT8 instructions: {isa}."] if ran and isa else []
 
 
 def not_run(report: dict) -> list[str]:
@@ -65,7 +73,8 @@ def int8_lines(report: dict) -> list[str]:
     for f in report["int8"]:
         smaller = "size n/a" if f["smaller"] is None else fmt_smaller(f["smaller"])
         faster = "latency n/a" if f["faster"] is None else fmt_faster(f["faster"]) + " at p50"
-        out.append(f"- {f['int8']} vs {f['base']}: {smaller}, {faster}.")
+        cpu = f" (CPU INT8 instructions: {f['cpu_int8_isa']})" if f.get("cpu_int8_isa") else ""
+        out.append(f"- {f['int8']} vs {f['base']}: {smaller}, {faster}{cpu}.")
         if f["warning"]:
             out.append(f"  **Warning:** {f['warning']}.")
     return out or ["- no INT8 path ran next to its base path, so there is nothing to compare."]
@@ -103,7 +112,8 @@ def machine_line(report: dict) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
     gpu = m["gpu"] or "no GPU"
     threads = f", {m['threads']} threads" if m["threads"] else ""
-    return f"{m['cpu']} ({m['cores']} cores{threads}); {gpu}; {platform.system()}; {versions}"
+    isa = f"; CPU INT8 instructions: {m['cpu_int8_isa']}" if m.get("cpu_int8_isa") else ""
+    return f"{m['cpu']} ({m['cores']} cores{threads}{isa}); {gpu}; {platform.system()}; {versions}"
 
 
 def markdown(report: dict) -> str:

@@ -103,6 +103,7 @@ def int8_findings(rows: list[dict], seq: int, machine: dict) -> list[dict]:
         if int8_key in by_key and base_key in by_key:
             a, b = _facts(by_key[int8_key], seq, machine), _facts(by_key[base_key], seq, machine)
             base_name = by_key[base_key]["label"]
+            isa = machine.get("cpu_int8_isa") if by_key[int8_key]["device"] == "cpu" else None
             found.append({"int8": by_key[int8_key]["label"], "base": base_name, **int8_comparison(a, b),
-                          "warning": int8_verdict(a, b, base_name)})
+                          "warning": int8_verdict(a, b, base_name), **({"cpu_int8_isa": isa} if isa else {})})
     return found
