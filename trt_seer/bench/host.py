@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -21,6 +21,7 @@ class Host:
     engine_reason: str | None  # why engines cannot run here; None when they can
     versions: dict
     cpu_int8_isa: str = "unknown"  # int8_isa(): what CPU INT8 speed depends on
+    compile_reasons: dict = field(default_factory=dict)  # device -> why torch.compile cannot run there
 
     def machine(self, threads: int | None) -> dict:
         return {"cpu": self.cpu, "cores": self.cores, "threads": threads, "gpu": self.gpu,
@@ -95,6 +96,25 @@ def _engine_facts() -> tuple[dict | None, str | None, str | None]:
     return flavor, gpu, runtime.tensorrt_unavailable_reason()
 
 
+def compile_reasons() -> dict:
+    """{"cpu": why torch.compile cannot run on the CPU, "cuda": ... on the GPU}; only the devices where it
+    cannot. TorchInductor writes C++ kernels on the CPU (a C++ compiler) and Triton ones on the GPU."""
+    import importlib.util
+    import shutil
+
+    import torch
+
+    if not hasattr(torch, "compile"):
+        reason = f"PyTorch {torch.__version__} has no torch.compile"
+        return {"cpu": reason, "cuda": reason}
+    reasons = {}
+    if not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")):
+        reasons["cpu"] = "no C++ compiler for TorchInductor's CPU kernels (install g++ or set CXX)"
+    if importlib.util.find_spec("triton") is None:
+        reasons["cuda"] = "triton is not installed (TorchInductor's GPU kernels need it)"
+    return reasons
+
+
 def _versions() -> dict:
     import importlib.util
 
@@ -119,4 +139,4 @@ def probe_host() -> Host:
         versions[flavor["flavor"]] = flavor["version"]
     quant = {"fbgemm", "x86", "qnnpack", "onednn"} & set(torch.backends.quantized.supported_engines)
     return Host(cpu_name(), os.cpu_count() or 1, torch_gpu or engine_gpu, torch_reason, bf16, bool(quant),
-                versions.get("onnxruntime"), flavor, engine_reason, versions, cpu_int8_isa())
+                versions.get("onnxruntime"), flavor, engine_reason, versions, cpu_int8_isa(), compile_reasons())

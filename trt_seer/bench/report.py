@@ -67,6 +67,15 @@ def not_run(report: dict) -> list[str]:
     return out
 
 
+def pytorch_lines(report: dict) -> list[str]:
+    """Each engine / ONNX Runtime point against the fastest PyTorch path of the same run and device."""
+    from trt_seer.bench.verdict import against_pytorch_line
+
+    found = report.get("vs_pytorch") or []
+    return [against_pytorch_line(f) for f in found] or ["- no engine or ONNX Runtime path ran, so there is "
+                                                        "nothing to compare with PyTorch."]
+
+
 def int8_lines(report: dict) -> list[str]:
     """INT8 against its base, stated plainly, with the warning when INT8 does not pay."""
     out = []
@@ -126,7 +135,10 @@ def markdown(report: dict) -> str:
         f"- Measured: {report['created_at']}", f"- Machine: {machine_line(report)}",
         f"- Command: `{report['command']}`", f"- Inputs: {s['inputs']}",
         f"- Price: ${s['price_per_hour']}/hour. Assumption: {report['method']['cost']}.", "",
-        table(report), "", "## INT8", "", *int8_lines(report), "",
+        table(report), "", "## Against PyTorch's best", "",
+        "End-to-end p50 against the fastest PyTorch path measured in this run on the same device and "
+        "batch (eager, AMP, .half() and torch.compile alike).", "", *pytorch_lines(report), "",
+        "## INT8", "", *int8_lines(report), "",
         "## Host<->device copies", "", *copy_lines(report), "",
         "## Main output only", "", *main_output_lines(report), "",
         "## Method", "", *method_lines(report),
@@ -183,7 +195,8 @@ def append(report: dict, md_path: Path) -> Path:
     body = "\n".join([
         f"Inputs: {s['inputs']}; price ${s['price_per_hour']}/hour ({report['method']['cost']}). "
         f"Times: {report['method']['timing']}.", "",
-        table(report), "", *int8_lines(report), "", *copy_lines(report), "", *main_output_lines(report),
+        table(report), "", "Against PyTorch's best (the fastest PyTorch path of this run, same device and batch):", "",
+        *pytorch_lines(report), "", *int8_lines(report), "", *copy_lines(report), "", *main_output_lines(report),
     ])
     return append_benchmark(md_path, title, report["command"], machine_line(report), body)
 

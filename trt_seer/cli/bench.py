@@ -1,9 +1,11 @@
 """`trt-seer bench`: latency (p50/p90/p99), throughput, memory, size, cost per 1M inferences and
 accuracy vs FP32 of every inference path this machine can run: PyTorch (FP32 eager, TF32, AMP
-FP16/BF16, .half(), dynamic INT8), ONNX Runtime (FP32/FP16/Q-DQ INT8 graphs) and TensorRT engines
+FP16/BF16, .half(), dynamic INT8, torch.compile: default on the CPU, reduce-overhead and
+max-autotune in FP16 on the GPU), ONNX Runtime (FP32/FP16/Q-DQ INT8 graphs) and TensorRT engines
 (FP16 also with CUDA graphs). Paths that cannot run here are listed as skipped, with the reason.
 Latency is end to end (host inputs to host outputs); GPU rows add the device time (CUDA events);
-engine runs add the host<->device copy bandwidth.
+engine runs add the host<->device copy bandwidth. Each engine and ONNX Runtime point is judged
+against the fastest PyTorch path of the same run, device and batch.
 
 Writes report.md, report.json and PNG plots to --report, and each artifact's results under
 `bench` in its manifest (which `build --int8` reads to judge whether INT8 pays).
@@ -127,6 +129,8 @@ def run(args) -> int:
     out = ensure_out_dir(args.report)
     report = bench(spec)
     print(benchreport.table(report))
+    for line in benchreport.pytorch_lines(report):
+        print(line)
     for line in benchreport.int8_lines(report):
         print(line)
     written = benchreport.write(report, out)
