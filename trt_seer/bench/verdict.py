@@ -133,8 +133,8 @@ def against_pytorch(rows: list[dict]) -> list[dict]:
 
 
 def against_pytorch_line(f: dict) -> str:
-    """'- TensorRT-RTX FP16 on H200, batch 8: 0.48 ms vs 0.46 ms (PyTorch FP16 torch.compile
-    reduce-overhead on H200): 0.96x, NOT faster than PyTorch's best here'."""
+    """'- <path>, batch <b>: <p50> ms vs <p50> ms (<the fastest PyTorch path>): <ratio>x, faster than
+    PyTorch's best here' (or 'NOT faster ...')."""
     head = f"- {f['path']}, batch {f['batch']}: {f['p50_ms']:.3g} ms"
     if f["best"] is None:
         return f"{head}; not compared: {f['reason']}"
