@@ -169,5 +169,5 @@ def test_a_cuda_failure_has_its_own_documented_exit_code():
     code = errors.CudaError("cudaErrorMemoryAllocation (2)", 2, "cudaErrorMemoryAllocation").exit_code
     assert code not in (errors.EXIT_CHECK_FAILED, errors.EXIT_BAD_INPUT, errors.EXIT_INTERNAL)
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert re.search(rf"^\| {code} \| a resource failed at run time: a CUDA error", readme, re.M)
+    assert re.search(rf"^\| {code} \| a resource failed at run time: a CUDA error", readme, re.MULTILINE)
     assert f"  {code}    a resource failed at run time" in run_cli("--help").stdout

@@ -72,8 +72,8 @@ def pytorch_lines(report: dict) -> list[str]:
     from trt_seer.bench.verdict import against_pytorch_line
 
     found = report.get("vs_pytorch") or []
-    return [against_pytorch_line(f) for f in found] or ["- no engine or ONNX Runtime path ran, so there is "
-                                                        "nothing to compare with PyTorch."]
+    nothing = "- no engine or ONNX Runtime path ran, so there is nothing to compare with PyTorch."
+    return [against_pytorch_line(f) for f in found] or [nothing]
 
 
 def int8_lines(report: dict) -> list[str]:
@@ -136,8 +136,8 @@ def markdown(report: dict) -> str:
         f"- Command: `{report['command']}`", f"- Inputs: {s['inputs']}",
         f"- Price: ${s['price_per_hour']}/hour. Assumption: {report['method']['cost']}.", "",
         table(report), "", "## Against PyTorch's best", "",
-        "End-to-end p50 against the fastest PyTorch path measured in this run on the same device and "
-        "batch (eager, AMP, .half() and torch.compile alike).", "", *pytorch_lines(report), "",
+        ("End-to-end p50 against the fastest PyTorch path measured in this run on the same device and "
+         "batch (eager, AMP, .half() and torch.compile alike)."), "", *pytorch_lines(report), "",
         "## INT8", "", *int8_lines(report), "",
         "## Host<->device copies", "", *copy_lines(report), "",
         "## Main output only", "", *main_output_lines(report), "",

@@ -43,7 +43,14 @@ def make_starter(name: str, dest: Path, seed: int = 0) -> Path:
 def bpe_tokenizer(vocab_size: int):
     """A transformers fast tokenizer: byte-level BPE of `vocab_size` tokens on calib/default.txt."""
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     from trt_seer import data
 
