@@ -503,3 +503,91 @@ def test_bench_modules_import_each_other_without_a_cycle():
         graph[f"trt_seer.bench.{f.stem}".removesuffix(".__init__")] = deps
     assert graph["trt_seer.bench"] == set()  # the package imports nothing
     tuple(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a cycle
+
+
+def test_bench_never_replaces_a_diff_report(tmp_path):
+    """`diff --report out/` then `bench --quick`: bench's default is a directory of its own, and a
+    directory holding another command's report is refused before anything runs."""
+    from trt_seer.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--quick"])
+    assert args.report == "out/bench"
+    theirs = tmp_path / "out"
+    theirs.mkdir()
+    diff_report = json.dumps({"schema": 1, "verdict": "passed", "comparisons": []})
+    (theirs / "report.json").write_text(diff_report)
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "tinybert")
+    r = cli("bench", "--model", str(ckpt), "--engines", str(tmp_path / "engines"), "--quick", "--paths",
+            "torch-fp32-cpu", "--no-manifest", "--report", str(theirs))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "holds `trt-seer diff`'s report" in r.stderr
+    assert (theirs / "report.json").read_text() == diff_report and sorted(os.listdir(theirs)) == ["report.json"]
+
+
+def test_cpu_int8_instructions_are_read_from_cpuinfo_flags():
+    vnni = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512bw avx512_vnni amx_tile amx_int8\n"
+    assert benchhost.int8_isa(benchhost.cpu_flags(vnni)) == "AMX-INT8, AVX-512 VNNI, AVX-512BW, AVX2"
+    avx2 = "flags\t\t: fpu sse avx avx2 fma\n"
+    assert benchhost.int8_isa(benchhost.cpu_flags(avx2)).startswith("AVX2 (no VNNI/AMX")
+    arm = "Features\t: fp asimd asimddp i8mm\n"
+    assert benchhost.int8_isa(benchhost.cpu_flags(arm)) == "Arm I8MM, Arm dot product"
+    assert benchhost.int8_isa(None).startswith("unknown")
+
+
+@pytest.mark.slow
+def test_quick_report_names_the_cpu_int8_instructions_next_to_cpu_int8_figures(quick_run):
+    root, r, report = quick_run
+    isa = benchhost.cpu_int8_isa()
+    assert report["machine"]["cpu_int8_isa"] == isa
+    assert f"ran with these INT8 instructions: {isa}" in r.stdout
+    int8 = [f for f in report["int8"] if f["int8"].startswith("PyTorch dynamic INT8")]
+    assert int8 and int8[0]["cpu_int8_isa"] == isa
+    md = (root / "report" / "report.md").read_text()
+    assert f"CPU INT8 instructions: {isa}" in md and f"(CPU INT8 instructions: {isa})." in md
+
+
+def _ok_row(key: str, device: str, p50: dict) -> dict:
+    spec = paths.PATH_BY_KEY[key]
+    return {"key": key, "label": f"{spec.title} on {device}", "backend": spec.backend, "device": spec.device,
+            "status": "ok", "points": [{"batch": b, "p50_ms": ms} for b, ms in p50.items()]}
+
+
+def test_engine_is_judged_against_the_fastest_pytorch_path_of_the_run():
+    """The README's H200 figures: the FP16 engine against eager FP32 and compiled FP16."""
+    rows = [_ok_row("torch-fp32-gpu", "H200", {1: 3.51, 8: 3.49, 32: 4.60}),
+            _ok_row("torch-compile-ro-fp16-gpu", "H200", {1: 0.425, 8: 0.464, 32: 0.727}),
+            _ok_row("torch-compile-ma-fp16-gpu", "H200", {1: 0.51, 8: 0.50}),
+            _ok_row("trt-fp16", "H200", {1: 0.365, 8: 0.483, 32: 1.19}),
+            _ok_row("ort-fp32-cpu", "CPU", {1: 2.0})]
+    found = {(f["key"], f["batch"]): f for f in verdict.against_pytorch(rows)}
+    b1, b8, b32 = (found[("trt-fp16", b)] for b in (1, 8, 32))
+    assert b1["best"].startswith("PyTorch FP16 torch.compile reduce-overhead") and b1["faster"]
+    assert b1["speedup"] == pytest.approx(0.425 / 0.365)
+    assert not b8["faster"] and not b32["faster"] and b32["speedup"] == pytest.approx(0.727 / 1.19)
+    assert "0.61x, NOT faster than PyTorch's best here" in verdict.against_pytorch_line(b32)
+    assert found[("ort-fp32-cpu", 1)]["best"] is None and "no PyTorch path ran on the CPU" in found[("ort-fp32-cpu", 1)]["reason"]
+
+
+@pytest.mark.slow
+def test_quick_bench_lists_the_compiled_pytorch_path_and_judges_against_it(tmp_path):
+    """torch.compile on the CPU runs beside eager; a compile failure would be listed with its reason."""
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "tinybert")
+    engines = tmp_path / "engines"
+    r = cli("export", "--model", str(ckpt), "--out", str(engines))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = cli("bench", "--model", str(ckpt), "--engines", str(engines), "--quick", "--threads", "1", "--batch", "1",
+            "--paths", "torch-fp32-cpu", "torch-compile*", "ort-fp32-cpu", "--no-manifest", "--report", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    rows = rows_by_key(report)
+    assert {"torch-compile-cpu", "torch-compile-ro-fp16-gpu", "torch-compile-ma-fp16-gpu"} <= set(rows)
+    compiled = rows["torch-compile-cpu"]
+    assert compiled["status"] == "ok" or compiled["reason"], compiled
+    for key in ("torch-compile-ro-fp16-gpu", "torch-compile-ma-fp16-gpu"):
+        if not cuda_available():
+            assert rows[key]["status"] == "skipped" and rows[key]["reason"]
+            assert f"(`{key}`): skipped: " in r.stdout
+    (ort,) = [f for f in report["vs_pytorch"] if f["key"] == "ort-fp32-cpu"]
+    ran = [rows[k] for k in ("torch-fp32-cpu", "torch-compile-cpu") if rows[k]["status"] == "ok"]
+    assert ort["best_p50_ms"] == min(row["points"][0]["p50_ms"] for row in ran)
+    assert "PyTorch's best here" in r.stdout and "## Against PyTorch's best" in (tmp_path / "rep" / "report.md").read_text()

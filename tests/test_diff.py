@@ -178,6 +178,26 @@ def test_polygraphy_run_reproduces_fp16_comparison(tiny, capsys, tmp_path):
     assert r.returncode != 0
 
 
+@pytest.mark.slow
+def test_readme_polygraphy_line_is_what_the_report_writes_and_passes(tiny, capsys, tmp_path):
+    """The README's `diff ... fp16.onnx.json --against fp32 --report out/`, then its `cd out/ &&
+    polygraphy run ...` line, on the tiny model in the default model's place."""
+    info, art = tiny
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Accuracy: `trt-seer diff`", 1)[1].split("\n## ", 1)[0].replace("\\\n", " ")
+    lines = [" ".join(line.split()) for line in section.splitlines()]
+    (diff_line,) = [line for line in lines if line.startswith("trt-seer diff") and "--report out/" in line]
+    (poly,) = [line for line in lines if line.startswith("cd out/ && polygraphy run") and "--onnxrt" in line]
+    work = tmp_path / "work"
+    shutil.copytree(art.out, work / "engines")
+    argv = [w.replace("engines/all-MiniLM-L6-v2", str(work / "engines" / info.name)) for w in diff_line.split()[2:]]
+    assert run_diff(capsys, *[w.replace("out/", str(work / "out")) for w in argv])[0] == 0
+    poly = poly.replace("all-MiniLM-L6-v2", info.name).removeprefix("cd out/ && ")
+    assert poly in _reproduce_lines((work / "out" / "report.md").read_text())
+    r = _shell(poly, work / "out")
+    assert r.returncode == 0 and "PASSED" in r.stdout + r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
+
+
 def test_layer_profile_fp16_vs_fp32(tiny):
     info, art = tiny
     fp32, fp16 = art.path("fp32.onnx"), art.path("fp16.onnx")
@@ -226,11 +246,10 @@ def test_int8_policy_gates_on_the_task_metric(tiny, capsys, tmp_path):
     shutil.copy(art.path("fp32.onnx"), d / f"{art.name}.fp32.onnx")
     shutil.copy(art.path("fp16.onnx"), d / f"{art.name}.int8.onnx")
     target = d / f"{art.name}.int8.onnx"
-    code, out, _ = run_diff(capsys, target, "--model", resolve_model_path(art), "--atol", "1e-9",
-                            "--rtol", "1e-9", "--report", tmp_path / "report")
+    code, out, _ = run_diff(capsys, target, "--model", resolve_model_path(art), "--report", tmp_path / "report")
     assert code == 0, out
     rows = [line for line in out.splitlines() if line.startswith("onnxrt-int8 vs onnxrt-fp32")]
-    assert "info (over tol)" in rows[0] and rows[1].endswith("PASS")
+    assert "info (" in rows[0] and rows[1].endswith("PASS")
     assert "per-layer error" in out and (tmp_path / "report" / "layer_profile.png").is_file()
     assert not manifest.record_path(target).exists()  # a bare .onnx gets no record written
     # Polygraphy reproduces the verdict with its cosine check on the task output only
@@ -240,6 +259,21 @@ def test_int8_policy_gates_on_the_task_metric(tiny, capsys, tmp_path):
     for line, passes in ((cmd, True), (cmd.replace("sentence_embedding:0.99", "sentence_embedding:1.01"), False)):
         r = _shell(line, tmp_path / "report")
         assert (r.returncode == 0) is passes, (line, r.stdout[-2000:], r.stderr[-2000:])
+
+
+def test_a_tolerance_given_for_int8_gates_it(tiny, capsys, tmp_path):
+    """The README's INT8 example: `--atol sentence_embedding=1e-3`; the FP16 graph, as an INT8-named
+    artifact, is over 1e-9 but within the task gate. The verdict must follow the check asked for."""
+    _, art = tiny
+    shutil.copy(art.path("fp32.onnx"), tmp_path / f"{art.name}.fp32.onnx")
+    shutil.copy(art.path("fp16.onnx"), tmp_path / f"{art.name}.int8.onnx")
+    target = tmp_path / f"{art.name}.int8.onnx"
+    code, out, _ = run_diff(capsys, target, "--model", resolve_model_path(art), "--atol", "sentence_embedding=1e-9",
+                            "--rtol", "sentence_embedding=1e-9", "--samples", "16")
+    rows = [line for line in out.splitlines() if line.startswith("onnxrt-int8 vs onnxrt-fp32")]
+    assert code == 1 and rows[1].endswith("FAIL") and "result: FAIL" in out, out
+    assert rows[0].split()[-2:] != ["PASS"]  # last_hidden_state: no tolerance given, reported only
+    assert diff.tolerances("int8", ["a", "b"], diff.DiffSpec(atol=(("a", 1e-3),)))["b"].gating is False
 
 
 def resolve_model_path(art) -> Path:
@@ -262,6 +296,15 @@ def test_bad_inputs_exit_2(tiny, capsys, tmp_path):
     assert "pass --model DIR" in one_line_error(capsys, lone / "m.fp32.onnx")
     shutil.copy(art.path("fp32.onnx"), lone / "model.onnx")
     assert "cannot tell name and precision" in one_line_error(capsys, lone / "model.onnx")
+
+
+def test_diff_never_replaces_a_bench_report(tiny, capsys, tmp_path):
+    _, art = tiny
+    theirs = tmp_path / "out"
+    theirs.mkdir()
+    (theirs / "report.json").write_text(json.dumps({"rows": [], "machine": {}}))
+    assert "holds `trt-seer bench`'s report" in one_line_error(capsys, record(art, "fp16"), "--report", theirs)
+    assert sorted(p.name for p in theirs.iterdir()) == ["report.json"]
 
 
 def test_tolerance_overrides():

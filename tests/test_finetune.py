@@ -353,6 +353,61 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(toy, tmp_path, capsys, 
     assert sorted(p.name for p in tmp_path.iterdir()) == [train.name]
 
 
+@pytest.mark.parametrize("content", ['{"version": "1.0", "model": 42}', '{"version": "1.0", "model": '])
+def test_corrupt_tokenizer_json_is_bad_input(toy, tmp_path, capsys, content):
+    import shutil
+
+    model = tmp_path / "bert"
+    shutil.copytree(toy / "bert", model)
+    (model / "tokenizer.json").write_text(content)
+    code = main(["finetune", "--model", str(model), "--train", str(toy / "train.jsonl"), "--device", "cpu",
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "tokenizer.json" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def _can_mount() -> bool:
+    import shutil
+
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "-rm", "true"], capture_output=True).returncode == 0
+
+
+def in_mount_namespace(mount_point: Path, *cmd) -> subprocess.CompletedProcess:
+    """Runs `cmd` in a private mount namespace where `mount_point` is a fresh tmpfs."""
+    mount_point.mkdir()
+    script = 'mount -t tmpfs none "$0" && exec "$@"'
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script, str(mount_point), *map(str, cmd)],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.skipif(not _can_mount(), reason="no private mount namespace (unshare -rm) here")
+def test_out_on_a_mount_point_is_refused_before_training(toy, tmp_path):
+    r = in_mount_namespace(tmp_path / "mnt", sys.executable, "-m", "trt_seer", "finetune", "--model", toy / "bert",
+                           "--train", toy / "train.jsonl", "--eval", toy / "eval.jsonl", "--device", "cpu",
+                           "--max-steps", "2", "--out", tmp_path / "mnt")
+    err = r.stderr.strip()
+    assert r.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "is a mount point" in err and "epoch" not in r.stdout + r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mnt"]
+
+
+@pytest.mark.skipif(not _can_mount(), reason="no private mount namespace (unshare -rm) here")
+def test_a_finished_checkpoint_that_cannot_be_renamed_is_kept(tmp_path):
+    staged = tmp_path / ".out.partial"
+    staged.mkdir()
+    (staged / "model.safetensors").write_bytes(b"weights")
+    script = ("import sys; from pathlib import Path; from trt_seer.finetune import checkpoint\n"
+              "try:\n    checkpoint.publish(Path(sys.argv[1]), Path(sys.argv[2]))\n"
+              "except checkpoint.NotPublishedError as e:\n    print(e.kept)\n"
+              "    print(sorted(p.name for p in Path(sys.argv[2]).iterdir()))")
+    r = in_mount_namespace(tmp_path / "out", sys.executable, "-c", script, staged, tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == [str(staged), "[]"]  # named, and --out left as it was
+    assert (staged / "model.safetensors").read_bytes() == b"weights"
+
+
 def test_eval_label_unseen_in_training_is_refused(toy, tmp_path):
     write_jsonl(tmp_path / "eval.jsonl", [{"text": "w1", "label": "weather"}])
     with pytest.raises(InputError, match="eval label 'weather'"):

@@ -9,6 +9,7 @@ import pytest
 from tiny import VOCAB, make_tiny_checkpoint
 
 from trt_seer import cli, pipeline
+from trt_seer.errors import InputError
 from trt_seer.export.families import resolve_model
 from trt_seer.runtime.generate import Generator, Sampling, load_generator, load_step, load_tokenizer
 
@@ -290,3 +291,44 @@ def test_load_generator_takes_the_backend_and_options_of_load(artifacts, tmp_pat
         with pytest.warns(RuntimeWarning, match="running m.fp32.onnx on ONNX Runtime .CPU. instead of m.fp32.engine"):
             step = load_step(tmp_path / "m.fp32.engine", threads=1)
         assert step.path == tmp_path / "m.fp32.onnx"
+
+
+def test_corrupt_tokenizer_json_beside_an_artifact_is_bad_input(tmp_path):
+    folder = tmp_path / "x.tokenizer"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": 42}')
+    with pytest.raises(InputError, match="not a usable tokenizer.json"):
+        load_tokenizer(tmp_path / "x.fp32.onnx", {"tokenizer": folder.name})
+
+
+@pytest.mark.slow
+def test_readme_generate_example_runs_offline(tmp_path):
+    """The README's `generate` block as written, in a fresh directory and without a network: the
+    shipped small-llama config, its fine-tune, the ONNX export and `generate` on it. Changed for
+    time only: `--max-steps 2` on the fine-tunes; the engine build is left out (no GPU runs it here)."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("## Generating text: `trt-seer generate`", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    ran = []
+    for line in lines:
+        words = line.split()
+        if words[1] == "build":
+            continue
+        argv = shlex.split(line)[1:]
+        argv += ["--max-steps", "2"] if words[1] == "finetune" else []
+        if words[1] == "generate" and words[2].endswith(".engine"):
+            continue  # an engine needs the build left out above
+        r = subprocess.run([sys.executable, "-m", "trt_seer", *argv], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, (line, r.stderr[-3000:])
+        ran.append(words[1])
+    assert ran == ["finetune", "finetune", "export", "generate"]
+    assert r.stdout.strip(), "generate printed nothing"
+    assert (tmp_path / "my-llama" / "tokenizer.json").is_file() and (tmp_path / "engines" / "ckpt.fp16.onnx").is_file()

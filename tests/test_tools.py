@@ -119,6 +119,26 @@ def test_finetune_bench_repeats_report_the_median_run_and_its_spread():
     assert bench_finetune.combine([{"model": "m", "error": "out of memory"}])["error"] == "out of memory"
 
 
+def test_finetune_bench_reports_the_median_step_its_spread_outliers_and_the_steps_left_out():
+    bench_finetune = load_tool("bench_finetune")
+    ms = [900, 400] + [145] * 10 + [1464] + [146] * 7  # two warm-up steps, one slow step among 18 timed
+    elapsed, steps = 0.0, []
+    for i, m in enumerate(ms, start=1):
+        elapsed += m / 1000
+        steps.append({"kind": "step", "step": i, "examples": 8, "tokens": 800, "elapsed_s": elapsed})
+    rate = bench_finetune.steady_rate(steps, warmup=2)
+    assert rate["left_out"]["steps"] == 3 and max(rate["left_out"]["ms"]) == pytest.approx(900)
+    assert "warm-up" in rate["left_out"]["reason"]
+    assert rate["step_ms_median"] == pytest.approx(145) and rate["step_ms_max"] == pytest.approx(1464)
+    assert rate["outliers"] == [{"step": 13, "ms": pytest.approx(1464)}]
+    assert rate["samples_per_s"] == pytest.approx(17 * 8 / (sum(ms[3:]) / 1000))  # the outlier stays in
+    row = {"model": "m", "precision": "bf16", "batch": 8, "peak_memory_gib": 1.0, "eval_accuracy": 0.5,
+           "skipped_steps": 0, **rate}
+    line = bench_finetune.table([row]).splitlines()[-1]
+    assert "145 (p10-p90 145-146, max 1,464); outliers (> 3x median, kept): step 13 1,464 ms" in line
+    assert "| 3 warm-up (900 ms max) |" in line
+
+
 def test_finetune_bench_measures_a_causal_lm_at_every_precision_the_device_has(tmp_path, capsys):
     import torch
 

@@ -24,7 +24,9 @@ held-out lines. Causal LMs train on documents of same-topic lines of the embedde
 until they exceed --max-seq tokens, so every sequence is exactly --max-seq tokens (truncated, no
 padding) and tokens/s = samples/s x --max-seq; they are evaluated (loss, perplexity) on 256
 documents made the same way from held-out lines. samples/s (sequences/s for LMs) is the steady rate
-after --warmup-steps (compilation and autotuning excluded); peak memory is
+after --warmup-steps (compilation and autotuning excluded; the table counts them under "steps left
+out"), next to the median step time, its p10-p90 and maximum, and every outlier step (over 3x the
+median: listed, and kept in samples/s); peak memory is
 torch.cuda.max_memory_allocated (peak RSS on CPU). AdamW is fused on CUDA. Each task gets its own
 table (and section in docs/BENCHMARKS.md).
 
@@ -323,16 +325,53 @@ def accuracy_case(precision: str, seed: int, model: Path, work: Path, args) -> d
             "skipped_steps": record["metrics"]["skipped_steps"], "hardware": record["hardware"]}
 
 
+OUTLIER = 3.0  # a timed step over this many times the median step is listed as an outlier
+
+
 def steady_rate(steps: list[dict], warmup: int) -> dict:
-    """Throughput over the steps after `warmup` (all from one epoch, so elapsed_s is one clock)."""
+    """Throughput over the steps after `warmup` (all from one epoch, so elapsed_s is one clock), and
+    the per-step times: median, spread, the steps left out and the outliers (kept in the rate)."""
     warmup = min(warmup, len(steps) - 2)
     first, last = steps[warmup], steps[-1]
     seconds = last["elapsed_s"] - first["elapsed_s"]
     timed = steps[warmup + 1:]
     step_ms = [1000.0 * (b["elapsed_s"] - a["elapsed_s"]) for a, b in zip(steps[warmup:], timed)]
+    warmup_ms = [1000.0 * (b["elapsed_s"] - a["elapsed_s"])
+                 for a, b in zip([{"elapsed_s": 0.0}] + steps[:warmup], steps[:warmup + 1])]
     return {"samples_per_s": sum(r["examples"] for r in timed) / seconds, "step_ms": step_ms,
             "tokens_per_s": sum(r["tokens"] for r in timed) / seconds,
-            "mean_tokens": sum(r["tokens"] for r in timed) / sum(r["examples"] for r in timed)}
+            "mean_tokens": sum(r["tokens"] for r in timed) / sum(r["examples"] for r in timed),
+            **step_stats(step_ms, [r.get("step") for r in timed], warmup_ms)}
+
+
+def step_stats(step_ms: list[float], step_ids: list, warmup_ms: list[float]) -> dict:
+    """Median step, p10-p90 and min-max of the timed steps; the warm-up steps left out, with why and
+    their times; every timed step over OUTLIER x the median (reported, never dropped)."""
+    import numpy as np
+
+    p10, median, p90 = (float(v) for v in np.percentile(step_ms, [10, 50, 90]))
+    outliers = [{"step": i, "ms": ms} for i, ms in zip(step_ids, step_ms) if ms > OUTLIER * median]
+    left_out = {"steps": len(warmup_ms), "reason": "warm-up (compilation, autotuning, allocator growth)",
+                "ms": warmup_ms}
+    return {"step_ms_median": median, "step_ms_p10": p10, "step_ms_p90": p90, "step_ms_min": min(step_ms),
+            "step_ms_max": max(step_ms), "left_out": left_out, "outliers": outliers}
+
+
+def step_text(r: dict) -> str:
+    """'145 (p10-p90 141-150, max 1,464)' and, when there are any, the outliers by step."""
+    if "step_ms_median" not in r:
+        return "-"
+    text = (f"{r['step_ms_median']:,.0f} (p10-p90 {r['step_ms_p10']:,.0f}-{r['step_ms_p90']:,.0f}, "
+            f"max {r['step_ms_max']:,.0f})")
+    outliers = ", ".join(f"step {o['step']} {o['ms']:,.0f} ms" for o in r["outliers"])
+    return text + (f"; outliers (> {OUTLIER:g}x median, kept): {outliers}" if outliers else "")
+
+
+def left_out_text(r: dict) -> str:
+    lo = r.get("left_out")
+    if not lo or not lo["steps"]:
+        return "none"
+    return f"{lo['steps']} {lo['reason'].split(' (')[0]} ({max(lo['ms']):,.0f} ms max)"
 
 
 EVAL_METRICS = ("eval_loss", "eval_accuracy", "eval_perplexity")  # those the task reports
@@ -352,12 +391,13 @@ def table(rows: list[dict]) -> str:
     base = {p: {(r["model"], r["batch"]): r["samples_per_s"] for r in rows if r["precision"] == p and "error" not in r}
             for p in ("fp32", "tf32")}
     evals = ("eval loss", "eval ppl") if lm else ("eval acc",)
-    lines = ["| model | precision | batch | samples/s | tokens/s | vs fp32 | vs tf32 | peak memory GiB | "
-             + " | ".join(evals) + " | skipped |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | " + " | ".join(["---:"] * len(evals)) + " | ---: |"]
+    lines = ["| model | precision | batch | samples/s | tokens/s | vs fp32 | vs tf32 | step ms median (spread) | "
+             "steps left out | peak memory GiB | " + " | ".join(evals) + " | skipped |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | " + " | ".join(["---:"] * len(evals))
+             + " | ---: |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {r['error']} |" + " |" * (5 + len(evals)))
+            lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {r['error']} |" + " |" * (7 + len(evals)))
             continue
         speedups = []
         for p in ("fp32", "tf32"):
@@ -368,7 +408,8 @@ def table(rows: list[dict]) -> str:
             rate += f" ({r['spread'][0]:.0f}-{r['spread'][1]:.0f}, {len(r['runs_samples_per_s'])} runs)"
         metric = (f"{r['eval_loss']:.3f} | {r['eval_perplexity']:.1f}" if lm else f"{r['eval_accuracy']:.3f}")
         lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {rate} | {r['tokens_per_s']:.0f} | "
-                     f"{' | '.join(speedups)} | {r['peak_memory_gib']:.2f} | {metric} | {r['skipped_steps']} |")
+                     f"{' | '.join(speedups)} | {step_text(r)} | {left_out_text(r)} | {r['peak_memory_gib']:.2f} | "
+                     f"{metric} | {r['skipped_steps']} |")
     return "\n".join(lines)
 
 
@@ -418,7 +459,9 @@ def speed_intro(rows: list[dict], args) -> tuple[str, str]:
     common = (f"Each row is {runs}: {args.steps} optimizer steps, samples/s over the last "
               f"{args.steps - args.warmup_steps - 1}; fused AdamW on CUDA; torch.compile "
               f"{'on' if args.compile else 'off'}; 'vs fp32' / 'vs tf32' compare samples/s with the same model "
-              f"and batch. Peak memory is torch.cuda.max_memory_allocated (peak RSS on CPU).")
+              f"and batch. Step ms: the median timed step with its p10-p90 and maximum; every timed step over "
+              f"{OUTLIER:g}x the median is listed by number and stays in samples/s; the warm-up steps left out "
+              f"are counted with their longest time. Peak memory is torch.cuda.max_memory_allocated (peak RSS on CPU).")
     if rows[0]["task"] == "causal-lm":
         seq = args.task_seq["causal-lm"]
         shapes = "; ".join(llama_shape(r["model"], r["params"]) for r in dict((r["model"], r) for r in rows).values())

@@ -1,14 +1,15 @@
 """The project's exceptions. The CLI turns each into one line on stderr and its exit code.
 
 Exit codes of every command: 0 success, 1 a check failed, 2 bad input, 3 not verified (a check
-that could not run here), 4 internal error (a bug: any exception that is not one of these), 130
-interrupted.
+that could not run here), 4 internal error (a bug: any exception that is not one of these), 5 a
+resource failed at run time (a CUDA error: out of memory, a lost device), 130 interrupted.
 """
 
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_NOT_VERIFIED = 3
 EXIT_INTERNAL = 4
+EXIT_RESOURCE = 5
 EXIT_INTERRUPTED = 130
 
 
@@ -55,7 +56,10 @@ class ManifestMismatchError(InputError):
 
 
 class CudaError(TrtSeerError):
-    """A CUDA runtime call failed; `name` is CUDA's error name (cudaErrorMemoryAllocation, ...)."""
+    """A CUDA runtime call failed; `name` is CUDA's error name (cudaErrorMemoryAllocation, ...).
+    Exit code 5: the GPU's resources failed the run, no check did (nor is it a bug of ours)."""
+
+    exit_code = EXIT_RESOURCE
 
     def __init__(self, message: str, code: int = -1, name: str = ""):
         super().__init__(message)

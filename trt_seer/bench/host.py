@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -20,9 +20,19 @@ class Host:
     tensorrt: dict | None  # {"flavor", "version"} when a flavor imports
     engine_reason: str | None  # why engines cannot run here; None when they can
     versions: dict
+    cpu_int8_isa: str = "unknown"  # int8_isa(): what CPU INT8 speed depends on
+    compile_reasons: dict = field(default_factory=dict)  # device -> why torch.compile cannot run there
 
     def machine(self, threads: int | None) -> dict:
-        return {"cpu": self.cpu, "cores": self.cores, "threads": threads, "gpu": self.gpu}
+        return {"cpu": self.cpu, "cores": self.cores, "threads": threads, "gpu": self.gpu,
+                "cpu_int8_isa": self.cpu_int8_isa}
+
+
+# CPU features that decide INT8 GEMM speed, fastest first: with VNNI (or AMX, or Arm's dot product)
+# a multiply-add of INT8 pairs is one instruction; with AVX2 only it takes three.
+INT8_ISA_FLAGS = (("amx_int8", "AMX-INT8"), ("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni", "AVX-VNNI"),
+                  ("avx512bw", "AVX-512BW"), ("avx2", "AVX2"), ("i8mm", "Arm I8MM"), ("asimddp", "Arm dot product"))
+DOT_PRODUCT_FLAGS = frozenset({"amx_int8", "avx512_vnni", "avx_vnni", "i8mm", "asimddp"})
 
 
 def cpu_name() -> str:
@@ -31,6 +41,32 @@ def cpu_name() -> str:
     lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
     names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
     return names[0] if names else platform.processor() or platform.machine()
+
+
+def cpu_flags(cpuinfo: str) -> set[str] | None:
+    """The feature flags of /proc/cpuinfo's text ("flags" on x86, "Features" on Arm), or None."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return None
+
+
+def int8_isa(flags: set[str] | None) -> str:
+    """'AVX-512 VNNI, AVX-512BW, AVX2', or the same with '(no VNNI ...)' when no INT8 dot-product
+    instruction is there; 'unknown' without flags (not Linux)."""
+    if flags is None:
+        return "unknown (no /proc/cpuinfo flags)"
+    found = ", ".join(name for flag, name in INT8_ISA_FLAGS if flag in flags) or "none of " + ", ".join(
+        name for _, name in INT8_ISA_FLAGS)
+    if flags & DOT_PRODUCT_FLAGS:
+        return found
+    return f"{found} (no VNNI/AMX: each INT8 multiply-add takes several instructions)"
+
+
+def cpu_int8_isa() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    return int8_isa(cpu_flags(cpuinfo.read_text()) if cpuinfo.is_file() else None)
 
 
 def machine_text(gpu: str | None = None) -> str:
@@ -60,6 +96,25 @@ def _engine_facts() -> tuple[dict | None, str | None, str | None]:
     return flavor, gpu, runtime.tensorrt_unavailable_reason()
 
 
+def compile_reasons() -> dict:
+    """{"cpu": why torch.compile cannot run on the CPU, "cuda": ... on the GPU}; only the devices where it
+    cannot. TorchInductor writes C++ kernels on the CPU (a C++ compiler) and Triton ones on the GPU."""
+    import importlib.util
+    import shutil
+
+    import torch
+
+    if not hasattr(torch, "compile"):
+        reason = f"PyTorch {torch.__version__} has no torch.compile"
+        return {"cpu": reason, "cuda": reason}
+    reasons = {}
+    if not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")):
+        reasons["cpu"] = "no C++ compiler for TorchInductor's CPU kernels (install g++ or set CXX)"
+    if importlib.util.find_spec("triton") is None:
+        reasons["cuda"] = "triton is not installed (TorchInductor's GPU kernels need it)"
+    return reasons
+
+
 def _versions() -> dict:
     import importlib.util
 
@@ -84,4 +139,4 @@ def probe_host() -> Host:
         versions[flavor["flavor"]] = flavor["version"]
     quant = {"fbgemm", "x86", "qnnpack", "onednn"} & set(torch.backends.quantized.supported_engines)
     return Host(cpu_name(), os.cpu_count() or 1, torch_gpu or engine_gpu, torch_reason, bf16, bool(quant),
-                versions.get("onnxruntime"), flavor, engine_reason, versions)
+                versions.get("onnxruntime"), flavor, engine_reason, versions, cpu_int8_isa(), compile_reasons())

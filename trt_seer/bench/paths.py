@@ -16,7 +16,7 @@ class PathSpec:
     key: str
     backend: str  # torch | onnxruntime | tensorrt
     precision: str  # fp32 | tf32 | fp16 | bf16 | int8: what the matrix products compute in
-    mode: str  # eager | autocast | half | dynamic-int8 | onnx | onnx-cpu | engine | engine-graph
+    mode: str  # eager | autocast | half | dynamic-int8 | compile-<torch.compile mode> | onnx | onnx-cpu | engine | engine-graph
     device: str  # cpu | cuda
     title: str
 
@@ -24,6 +24,8 @@ class PathSpec:
 PATHS = (
     PathSpec("torch-fp32-cpu", "torch", "fp32", "eager", "cpu", "PyTorch FP32 eager"),
     PathSpec("torch-int8-cpu", "torch", "int8", "dynamic-int8", "cpu", "PyTorch dynamic INT8"),
+    # torch.compile on the CPU: inductor's default mode (reduce-overhead's CUDA graphs do not apply there)
+    PathSpec("torch-compile-cpu", "torch", "fp32", "compile-default", "cpu", "PyTorch FP32 torch.compile"),
     PathSpec("ort-fp32-cpu", "onnxruntime", "fp32", "onnx", "cpu", "ONNX Runtime FP32"),
     PathSpec("ort-fp32fused-cpu", "onnxruntime", "fp32", "onnx-cpu", "cpu", "ONNX Runtime FP32 fused (fp32.cpu.onnx)"),
     PathSpec("ort-fp16-cpu", "onnxruntime", "fp16", "onnx", "cpu", "ONNX Runtime FP16"),
@@ -34,6 +36,10 @@ PATHS = (
     PathSpec("torch-amp-fp16-gpu", "torch", "fp16", "autocast", "cuda", "PyTorch AMP FP16"),
     PathSpec("torch-amp-bf16-gpu", "torch", "bf16", "autocast", "cuda", "PyTorch AMP BF16"),
     PathSpec("torch-half-gpu", "torch", "fp16", "half", "cuda", "PyTorch .half() FP16"),
+    PathSpec("torch-compile-ro-fp16-gpu", "torch", "fp16", "compile-reduce-overhead", "cuda",
+             "PyTorch FP16 torch.compile reduce-overhead"),
+    PathSpec("torch-compile-ma-fp16-gpu", "torch", "fp16", "compile-max-autotune", "cuda",
+             "PyTorch FP16 torch.compile max-autotune"),
     PathSpec("trt-fp32", "tensorrt", "fp32", "engine", "cuda", "FP32"),
     PathSpec("trt-fp16", "tensorrt", "fp16", "engine", "cuda", "FP16"),
     PathSpec("trt-int8", "tensorrt", "int8", "engine", "cuda", "INT8"),
@@ -86,6 +92,8 @@ def skip_reason(path: PathSpec, host, artifact: Path | None) -> str | None:
         reasons.append(host.torch_gpu_reason)
     if path.precision == "bf16" and not host.torch_gpu_reason and not host.bf16:
         reasons.append(f"{host.gpu} has no BF16 support")
+    if path.mode.startswith("compile-") and host.compile_reasons.get(path.device):
+        reasons.append(host.compile_reasons[path.device])
     if path.mode == "dynamic-int8" and not host.torch_int8:
         reasons.append("this PyTorch build has no quantized CPU engine (fbgemm / x86 / qnnpack)")
     if path.backend == "onnxruntime" and not host.onnxruntime:

@@ -43,7 +43,15 @@ def table(report: dict) -> str:
     for row in report["rows"]:
         for p in row["points"]:
             lines.append("| " + " | ".join(_cells(row, p)) + " |")
-    return "\n".join(lines + [""] + not_run(report))
+    return "\n".join(lines + [""] + cpu_int8_note(report) + not_run(report))
+
+
+def cpu_int8_note(report: dict) -> list[str]:
+    """Beside CPU INT8 figures: the CPU's INT8 instructions, which their speed depends on."""
+    isa = report.get("machine", {}).get("cpu_int8_isa")  # absent in reports of older versions
+    ran = [r["label"] for r in report["rows"] if r["status"] == "ok" and r["device"] == "cpu"
+           and r["precision"] == "int8"]
+    return [f"- CPU INT8 rows ({', '.join(ran)}) ran with these INT8 instructions: {isa}."] if ran and isa else []
 
 
 def not_run(report: dict) -> list[str]:
@@ -59,13 +67,23 @@ def not_run(report: dict) -> list[str]:
     return out
 
 
+def pytorch_lines(report: dict) -> list[str]:
+    """Each engine / ONNX Runtime point against the fastest PyTorch path of the same run and device."""
+    from trt_seer.bench.verdict import against_pytorch_line
+
+    found = report.get("vs_pytorch") or []
+    nothing = "- no engine or ONNX Runtime path ran, so there is nothing to compare with PyTorch."
+    return [against_pytorch_line(f) for f in found] or [nothing]
+
+
 def int8_lines(report: dict) -> list[str]:
     """INT8 against its base, stated plainly, with the warning when INT8 does not pay."""
     out = []
     for f in report["int8"]:
         smaller = "size n/a" if f["smaller"] is None else fmt_smaller(f["smaller"])
         faster = "latency n/a" if f["faster"] is None else fmt_faster(f["faster"]) + " at p50"
-        out.append(f"- {f['int8']} vs {f['base']}: {smaller}, {faster}.")
+        cpu = f" (CPU INT8 instructions: {f['cpu_int8_isa']})" if f.get("cpu_int8_isa") else ""
+        out.append(f"- {f['int8']} vs {f['base']}: {smaller}, {faster}{cpu}.")
         if f["warning"]:
             out.append(f"  **Warning:** {f['warning']}.")
     return out or ["- no INT8 path ran next to its base path, so there is nothing to compare."]
@@ -103,7 +121,8 @@ def machine_line(report: dict) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
     gpu = m["gpu"] or "no GPU"
     threads = f", {m['threads']} threads" if m["threads"] else ""
-    return f"{m['cpu']} ({m['cores']} cores{threads}); {gpu}; {platform.system()}; {versions}"
+    isa = f"; CPU INT8 instructions: {m['cpu_int8_isa']}" if m.get("cpu_int8_isa") else ""
+    return f"{m['cpu']} ({m['cores']} cores{threads}{isa}); {gpu}; {platform.system()}; {versions}"
 
 
 def markdown(report: dict) -> str:
@@ -116,7 +135,10 @@ def markdown(report: dict) -> str:
         f"- Measured: {report['created_at']}", f"- Machine: {machine_line(report)}",
         f"- Command: `{report['command']}`", f"- Inputs: {s['inputs']}",
         f"- Price: ${s['price_per_hour']}/hour. Assumption: {report['method']['cost']}.", "",
-        table(report), "", "## INT8", "", *int8_lines(report), "",
+        table(report), "", "## Against PyTorch's best", "",
+        ("End-to-end p50 against the fastest PyTorch path measured in this run on the same device and "
+         "batch (eager, AMP, .half() and torch.compile alike)."), "", *pytorch_lines(report), "",
+        "## INT8", "", *int8_lines(report), "",
         "## Host<->device copies", "", *copy_lines(report), "",
         "## Main output only", "", *main_output_lines(report), "",
         "## Method", "", *method_lines(report),
@@ -173,7 +195,8 @@ def append(report: dict, md_path: Path) -> Path:
     body = "\n".join([
         f"Inputs: {s['inputs']}; price ${s['price_per_hour']}/hour ({report['method']['cost']}). "
         f"Times: {report['method']['timing']}.", "",
-        table(report), "", *int8_lines(report), "", *copy_lines(report), "", *main_output_lines(report),
+        table(report), "", "Against PyTorch's best (the fastest PyTorch path of this run, same device and batch):", "",
+        *pytorch_lines(report), "", *int8_lines(report), "", *copy_lines(report), "", *main_output_lines(report),
     ])
     return append_benchmark(md_path, title, report["command"], machine_line(report), body)
 

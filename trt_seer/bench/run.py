@@ -16,7 +16,7 @@ from trt_seer.bench.measure import COST_ASSUMPTION, NOISY_CV, cost_per_million, 
 from trt_seer.bench.model import model_info
 from trt_seer.bench.paths import PATH_BY_KEY
 from trt_seer.bench.plan import BenchSpec, Planned, copies_path, eval_batch_size, plan
-from trt_seer.bench.verdict import int8_findings
+from trt_seer.bench.verdict import against_pytorch, int8_findings
 
 REFERENCE = "torch-fp32-cpu"  # accuracy reference: PyTorch FP32 eager on the CPU
 TIMING_NOTE = ("p50/p90/p99, samples/s and cost: end to end, host inputs to host outputs (time.perf_counter); "
@@ -176,6 +176,7 @@ def assemble(spec: BenchSpec, info, host: Host, planned: list[Planned], results:
                    "timing": TIMING_NOTE},
         "rows": rows,
         "int8": int8_findings(rows, spec.seq, machine),
+        "vs_pytorch": against_pytorch(rows),
         "copy_bandwidth": copy_bandwidth(results),
     }
 

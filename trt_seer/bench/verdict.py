@@ -1,5 +1,6 @@
 """Whether INT8 pays: its size and p50 latency against its base path (FP16 engine, FP32 graph),
-for `bench`'s report and for `build --int8`, which reads the manifests' `bench` sections."""
+for `bench`'s report and for `build --int8`, which reads the manifests' `bench` sections; and whether
+each engine or ONNX Runtime path is faster than the fastest PyTorch path measured beside it."""
 from __future__ import annotations
 
 import json
@@ -103,6 +104,39 @@ def int8_findings(rows: list[dict], seq: int, machine: dict) -> list[dict]:
         if int8_key in by_key and base_key in by_key:
             a, b = _facts(by_key[int8_key], seq, machine), _facts(by_key[base_key], seq, machine)
             base_name = by_key[base_key]["label"]
+            isa = machine.get("cpu_int8_isa") if by_key[int8_key]["device"] == "cpu" else None
             found.append({"int8": by_key[int8_key]["label"], "base": base_name, **int8_comparison(a, b),
-                          "warning": int8_verdict(a, b, base_name)})
+                          "warning": int8_verdict(a, b, base_name), **({"cpu_int8_isa": isa} if isa else {})})
     return found
+
+
+def against_pytorch(rows: list[dict]) -> list[dict]:
+    """Per batch of every non-PyTorch path that ran: the fastest PyTorch path measured in the same
+    run on the same device at that batch (end-to-end p50, compiled paths included) and whether the
+    path beats it; `best` is None, with `reason`, where no PyTorch path ran there."""
+    torch_points = [(q["p50_ms"], t["label"], t["device"], q["batch"]) for t in rows
+                    if t["status"] == "ok" and t["backend"] == "torch" for q in t["points"]]
+    found = []
+    for r in (r for r in rows if r["status"] == "ok" and r["backend"] != "torch"):
+        for p in r["points"]:
+            rivals = [(ms, name) for ms, name, device, batch in torch_points
+                      if device == r["device"] and batch == p["batch"]]
+            entry = {"path": r["label"], "key": r["key"], "batch": p["batch"], "p50_ms": p["p50_ms"]}
+            if not rivals:
+                where = "GPU" if r["device"] == "cuda" else "CPU"
+                found.append({**entry, "best": None, "reason": f"no PyTorch path ran on the {where} at this batch"})
+                continue
+            best_ms, best = min(rivals)
+            found.append({**entry, "best": best, "best_p50_ms": best_ms, "speedup": best_ms / p["p50_ms"],
+                          "faster": p["p50_ms"] < best_ms})
+    return found
+
+
+def against_pytorch_line(f: dict) -> str:
+    """'- <path>, batch <b>: <p50> ms vs <p50> ms (<the fastest PyTorch path>): <ratio>x, faster than
+    PyTorch's best here' (or 'NOT faster ...')."""
+    head = f"- {f['path']}, batch {f['batch']}: {f['p50_ms']:.3g} ms"
+    if f["best"] is None:
+        return f"{head}; not compared: {f['reason']}"
+    verdict = "faster than PyTorch's best here" if f["faster"] else "NOT faster than PyTorch's best here"
+    return f"{head} vs {f['best_p50_ms']:.3g} ms ({f['best']}): {f['speedup']:.2f}x, {verdict}"

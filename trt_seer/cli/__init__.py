@@ -1,4 +1,4 @@
-"""Command line: `python -m trt_seer {export,build,run,diff,bench,finetune} --help`.
+"""Command line: `python -m trt_seer COMMAND --help` for each command in SUBCOMMANDS.
 
 Each subcommand lives in its own module exposing `add_parser(subparsers, common)` and `run(args)`.
 Nothing heavy is imported until a subcommand runs, so `--help` works with only the base install.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
 import traceback
@@ -24,8 +25,11 @@ EPILOG = """exit codes:
   2    bad input (options, files, data, an engine for another TensorRT or GPU, missing dependency)
   3    not verified: a requested check could not run on this machine (diff)
   4    internal error (a bug; rerun with --debug for the traceback)
+  5    a resource failed at run time: a CUDA error (out of memory, a lost device)
   130  interrupted (Ctrl-C); nothing half-written is left behind
 every failure is one line on stderr: trt-seer: error: ..."""
+DESCRIPTION = ("Build, check and run TensorRT engines from Hugging Face checkpoints: "
+               f"trt-seer {{{','.join(SUBCOMMANDS)}}} --help")
 DEBUG_HELP = "on failure, print the Python traceback as well"
 
 
@@ -44,7 +48,7 @@ def _subcommand_modules():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="trt-seer", description=__doc__.splitlines()[0], epilog=EPILOG,
+    parser = OneLineParser(prog="trt-seer", description=DESCRIPTION, epilog=EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"trt-seer {__version__}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)

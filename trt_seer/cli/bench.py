@@ -1,9 +1,11 @@
 """`trt-seer bench`: latency (p50/p90/p99), throughput, memory, size, cost per 1M inferences and
 accuracy vs FP32 of every inference path this machine can run: PyTorch (FP32 eager, TF32, AMP
-FP16/BF16, .half(), dynamic INT8), ONNX Runtime (FP32/FP16/Q-DQ INT8 graphs) and TensorRT engines
+FP16/BF16, .half(), dynamic INT8, torch.compile: default on the CPU, reduce-overhead and
+max-autotune in FP16 on the GPU), ONNX Runtime (FP32/FP16/Q-DQ INT8 graphs) and TensorRT engines
 (FP16 also with CUDA graphs). Paths that cannot run here are listed as skipped, with the reason.
 Latency is end to end (host inputs to host outputs); GPU rows add the device time (CUDA events);
-engine runs add the host<->device copy bandwidth.
+engine runs add the host<->device copy bandwidth. Each engine and ONNX Runtime point is judged
+against the fastest PyTorch path of the same run, device and batch.
 
 Writes report.md, report.json and PNG plots to --report, and each artifact's results under
 `bench` in its manifest (which `build --int8` reads to judge whether INT8 pays).
@@ -52,7 +54,9 @@ def add_parser(subparsers, common):
     o = p.add_argument_group("report")
     o.add_argument("--price-per-hour", type=positive_float, default=2.5, metavar="USD",
                    help="machine price for the cost column (default: 2.5)")
-    o.add_argument("--report", metavar="DIR", default="out", help="report.md/.json and plots go here (default: out/)")
+    o.add_argument("--report", metavar="DIR", default="out/bench",
+                   help="report.md/.json and plots go here (default: out/bench/; a directory holding "
+                        "another command's report is refused)")
     o.add_argument("--append", metavar="FILE", default=None,
                    help="also append the table, date, machine and command to FILE, e.g. docs/BENCHMARKS.md")
     o.add_argument("--no-manifest", action="store_true", help="do not record results in the artifacts' manifests")
@@ -116,13 +120,17 @@ def check_seq(args, seq: int) -> None:
 def run(args) -> int:
     from trt_seer.bench import report as benchreport
     from trt_seer.bench.run import bench
+    from trt_seer.cli import common
     from trt_seer.files import ensure_out_dir
 
     spec = spec_from_args(args)
     check_seq(args, spec.seq)
+    common.check_report_dir(args.report, "bench")
     out = ensure_out_dir(args.report)
     report = bench(spec)
     print(benchreport.table(report))
+    for line in benchreport.pytorch_lines(report):
+        print(line)
     for line in benchreport.int8_lines(report):
         print(line)
     written = benchreport.write(report, out)

@@ -72,6 +72,28 @@ def add_output_args(p: argparse.ArgumentParser, default: str = "engines") -> Non
     p.add_argument("--out", metavar="DIR", default=default, help=f"output directory (default: {default}/)")
 
 
+# What each command's report.json holds, to tell whose report a --report directory already has.
+REPORT_KEYS = {"diff": ("verdict", "comparisons"), "bench": ("rows", "machine")}
+
+
+def check_report_dir(path: str | Path, command: str) -> None:
+    """A --report directory may hold this command's earlier report (replaced), never another's."""
+    existing = Path(path) / "report.json"
+    if not existing.is_file():
+        return
+    try:
+        data = json.loads(existing.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"--report {path} holds a report.json that cannot be read ({e}); "
+                         "choose another directory") from e
+    owner = next((c for c, keys in REPORT_KEYS.items() if isinstance(data, dict) and all(k in data for k in keys)),
+                 None)
+    if owner != command:
+        whose = f"`trt-seer {owner}`'s" if owner else "another tool's"
+        raise InputError(f"--report {path} holds {whose} report; give `trt-seer {command}` a directory "
+                         "of its own (--report DIR)")
+
+
 def add_verbosity(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="verbose logs (TensorRT builder log included)")
 

@@ -14,6 +14,8 @@ EPILOG = """tolerances (elementwise, per output; VALUE alone applies to every ou
   fp16: atol 1e-2, rtol 1e-2 (gating) + task metric
   int8: task metric only (mean cosine >= 0.99 and min >= 0.97, or top-1 >= 0.99);
         elementwise errors are reported with atol = rtol = 1e-1 but do not gate
+  an --atol/--rtol you give makes the elementwise check gate that output (every output when
+  bare), INT8 too
 exit codes: 0 passed, 1 failed, 2 bad input, 3 not verified (a comparison asked for could not run here)
 example:
   trt-seer diff engines/all-MiniLM-L6-v2.int8.manifest.json --against fp32 \\
@@ -75,6 +77,9 @@ def check_inputs(target, spec, report: str | None) -> None:
         if path.is_file():
             onnxio.check_readable(path)
     if report:
+        from trt_seer.cli import common
+
+        common.check_report_dir(report, "diff")
         ensure_out_dir(Path(report))
 
 

@@ -43,6 +43,10 @@ def add_parser(subparsers, common):
                    help="shard optimizer state across torchrun processes (ZeroRedundancyOptimizer)")
     s.add_argument("--device", default="auto", metavar="{auto,cuda,cpu}",
                    help="where to train (default: auto, the GPU when CUDA works)")
+    p.add_argument("--init-from-config", metavar="NAME", default=None,
+                   help="instead of --model, with --task causal-lm: start from a random-initialised model "
+                        "of a config shipped in the package, with a BPE tokenizer trained on the embedded "
+                        "corpus; nothing is downloaded (shipped: small-llama, a 4-layer Llama)")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="checkpoint directory to write (default: out/<model>-<task>/); "
                         "replaced only when the run succeeds")
@@ -196,7 +200,32 @@ def spec_from_args(args):
 def run(args) -> int:
     from trt_seer.finetune import finetune
 
-    out = finetune(spec_from_args(args))
+    spec = spec_from_args(args)
+    if args.init_from_config is None:
+        out = finetune(spec)
+    else:
+        out = _from_config(args, spec, finetune)
     if os.environ.get("RANK", "0") == "0":  # torchrun: one line, not one per process
         log.info("fine-tuned checkpoint: %s", out)
     return 0
+
+
+def _from_config(args, spec, finetune) -> Path:
+    """Makes the shipped config's random-initialised checkpoint in a temporary directory, then
+    fine-tunes it into --out (the default: out/<config>-causal-lm/)."""
+    import dataclasses
+    import tempfile
+
+    from trt_seer.errors import InputError
+    from trt_seer.finetune import checkpoint, starter
+
+    if args.model is not None or spec.task != "causal-lm":
+        raise InputError("--init-from-config takes --task causal-lm and no --model")
+    starter.starter_config(args.init_from_config)  # an unknown name fails before any work
+    if spec.out is not None:
+        checkpoint.check_out(spec.out)
+    with tempfile.TemporaryDirectory(prefix="trt-seer-init-") as tmp:
+        model = starter.make_starter(args.init_from_config, Path(tmp) / args.init_from_config, args.seed)
+        log.info("random-initialised %s from the shipped config, tokenizer trained on the embedded corpus",
+                 args.init_from_config)
+        return finetune(dataclasses.replace(spec, model=model))

@@ -3,7 +3,8 @@ check on padding-masked outputs, error statistics and histograms, the task metri
 and the per-layer error profile of an ONNX candidate.
 
 Gates by the candidate's precision: FP32 elementwise (atol = rtol = 1e-4); FP16 elementwise
-(1e-2) and the task metric; INT8 the task metric only (elementwise errors are reported).
+(1e-2) and the task metric; INT8 the task metric only (elementwise errors are reported), plus the
+elementwise check of any output given an explicit --atol/--rtol.
 """
 from __future__ import annotations
 
@@ -65,13 +66,17 @@ def _override(pairs: tuple[tuple[str, float], ...], output: str, default: float)
 
 
 def tolerances(precision: str, outputs: list[str], spec: DiffSpec) -> dict[str, Tolerance]:
-    """Per-output tolerances: the precision's defaults, overridden by --atol/--rtol."""
+    """Per-output tolerances: the precision's defaults, overridden by --atol/--rtol. A tolerance
+    given for an output (by name or bare) always gates it, INT8 too: a check the user asked for is
+    never reported as passed when it failed."""
     unknown = sorted({n for n, _ in spec.atol + spec.rtol if n and n not in outputs})
     if unknown:
         raise InputError(f"unknown output {', '.join(map(repr, unknown))} in --atol/--rtol; "
                          f"outputs are {', '.join(outputs)}")
     base = DEFAULT_TOLERANCES[precision]
-    return {o: Tolerance(_override(spec.atol, o, base.atol), _override(spec.rtol, o, base.rtol), base.gating)
+    given = {n for n, _ in spec.atol + spec.rtol}
+    return {o: Tolerance(_override(spec.atol, o, base.atol), _override(spec.rtol, o, base.rtol),
+                         base.gating or o in given or "" in given)
             for o in outputs}
 
 

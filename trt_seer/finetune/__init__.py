@@ -87,7 +87,11 @@ def _run(spec: FinetuneSpec, ctx) -> Path:
         if staged is not None:
             record.update(_describe(info, dataset, train, evaluation, max_seq))
             checkpoint.write_training_json(staged, record)
-            checkpoint.publish(staged, out)
+            try:
+                checkpoint.publish(staged, out)
+            except checkpoint.NotPublishedError:
+                staged = None  # the finished checkpoint stays where the error says
+                raise
         distributed.barrier(ctx)  # every rank returns once the output exists
     finally:
         if staged is not None and staged.exists():

@@ -37,17 +37,38 @@ def resolve(model: Path | None, task: str) -> ModelInfo:
     return dataclasses.replace(info, task=task)
 
 
+class NotPublishedError(InputError):
+    """The finished checkpoint could not be renamed to --out; it is kept at `kept`. Exit code 2."""
+
+    def __init__(self, message: str, kept: Path):
+        super().__init__(message)
+        self.kept = kept
+
+
 def check_out(out: Path) -> None:
-    """An existing --out is only replaced when it is empty or an earlier finetune output; a new one
-    needs a directory it can be created in."""
+    """Before any training: an existing --out is only replaced when it is empty or an earlier
+    finetune output and can be renamed (a mount point cannot); a new one needs a directory it can be
+    created in. Either way the checkpoint is staged beside --out, so its parent must be writable."""
     if not out.exists():
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise InputError(f"cannot create --out {out}: {e.strerror}") from e
+        _check_parent(out)
         return
     if not out.is_dir() or (any(out.iterdir()) and not (out / TRAINING_FILE).is_file()):
         raise InputError(f"--out {out} exists and is not a finetune output; choose a new directory")
+    if os.path.ismount(out):
+        raise InputError(f"--out {out} is a mount point, which the checkpoint cannot replace (it appears "
+                         f"by one rename); pass a directory inside it, e.g. --out {out / 'ckpt'}")
+    _check_parent(out)
+
+
+def _check_parent(out: Path) -> None:
+    parent = out.absolute().parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write beside --out {out}: {parent} is not writable (the checkpoint "
+                         "is staged there, then renamed to --out)")
 
 
 def stage(out: Path) -> Path:
@@ -64,12 +85,19 @@ def stage(out: Path) -> Path:
 
 
 def publish(staged: Path, out: Path) -> Path:
-    """Renames the finished `staged` directory to `out`, replacing an earlier output."""
+    """Renames the finished `staged` directory to `out`, replacing an earlier output. When a rename
+    fails, the earlier output is put back and `staged` is kept: NotPublishedError names it."""
     old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(staged, out)
+    try:
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+        os.replace(staged, out)
+    except OSError as e:
+        if old is not None and old.exists() and not out.exists():
+            os.replace(old, out)
+        raise NotPublishedError(f"cannot rename the finished checkpoint to --out {out} ({e.strerror}); "
+                                f"it is kept in {staged}: move it where you want it", staged) from e
     if old is not None:
         shutil.rmtree(old)
     return out
@@ -79,6 +107,10 @@ def load_tokenizer(info: ModelInfo):
     """The checkpoint's tokenizer; decoders without a pad token pad with their EOS token."""
     from transformers import AutoTokenizer
 
+    from trt_seer.tokenizer import tokenizer_from_file
+
+    if (Path(info.path) / "tokenizer.json").is_file():  # transformers fails on a bad one with any error
+        tokenizer_from_file(Path(info.path) / "tokenizer.json")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(info.path))
     except (OSError, ValueError) as e:

@@ -120,6 +120,8 @@ def load(path: str | Path, backend: str = "auto", **opts) -> Model:
         raise InputError(f"{path} is neither a .engine nor a .onnx file")
     if backend == "onnxruntime":
         return OnnxRuntimeModel(onnx_sibling(path), ort_opts)
+    if not path.is_file():  # before any TensorRT or CUDA check, which would be blamed instead
+        raise InputError(f"engine not found: {path}")
     reason = tensorrt_unavailable_reason(engine_opts.device)
     if reason is None:
         return TensorRTModel(path, engine_opts)
@@ -136,5 +138,29 @@ def _fallback(path: Path, backend: str, reason: str, ort_opts) -> Model:
         raise DependencyError(f"cannot run {path.name} on TensorRT ({reason}) and there is no "
                               f"{sibling.name} beside it to run on ONNX Runtime instead")
     message = f"running {sibling.name} on ONNX Runtime (CPU) instead of {path.name}: {reason}"
+    damage = engine_damage(path)
+    if damage is not None:
+        message += f"; {damage}"
     warnings.warn(message, RuntimeWarning, stacklevel=3)
     return OnnxRuntimeModel(sibling, ort_opts)
+
+
+def engine_damage(path: Path) -> str | None:
+    """Why the engine file is not the one its manifest describes (size, then sha256), or None
+    (also when there is no manifest to compare with). Checked on the fallback, where TensorRT never
+    reads the file, so a damaged engine is not mistaken for a good one that only lacks a GPU."""
+    from trt_seer.engine import manifest
+    from trt_seer.files import sha256_file
+
+    try:
+        record = manifest.read_if_exists(manifest.engine_manifest_path(path))
+    except InputError as e:
+        return f"its manifest is unusable ({e})"
+    described = (record or {}).get("engine") or {}
+    size = path.stat().st_size
+    if described.get("size_bytes") not in (None, size):
+        return (f"{path.name} is damaged: {size} bytes, its manifest says {described['size_bytes']}; "
+                "rebuild it with python -m trt_seer build")
+    if described.get("sha256") and described["sha256"] != sha256_file(path):
+        return f"{path.name} is damaged: its sha256 differs from its manifest's; rebuild it with python -m trt_seer build"
+    return None

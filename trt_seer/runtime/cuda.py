@@ -38,7 +38,7 @@ def cudart():
         except ImportError as e:
             errors.append(f"{name}: {e}")
     raise DependencyError("cuda-python is not installed (" + "; ".join(errors) + "); "
-                          "pip install 'trt-seer[gpu]' (cuda-python)")
+                          "TensorRT engines need it: pip install -e \".[gpu]\" (a wheel: pip install 'trt-seer[gpu]')")
 
 
 def error_name(err) -> str:

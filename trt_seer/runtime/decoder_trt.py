@@ -83,8 +83,8 @@ class TensorRTDecoder:
         """`cache`: "window" or "grow" (module docstring). `specialize`: TensorRT-RTX's
         dynamic-shape kernel specialization for the decode step ("eager", "lazy" or "none"). The
         default is "eager" with the window: its one shape per batch size gets kernels compiled for
-        it on the first step (1.46x the decode tokens/s of "none" for a 1.1B FP16 Llama on an
-        H200, docs/BENCHMARKS.md) and "none" when every step is a new shape. Prompts always run
+        it on the first step (decode throughput against "none": docs/BENCHMARKS.md) and "none"
+        when every step is a new shape. Prompts always run
         unspecialized: their lengths vary. CUDA graphs for the decode step are on with the window
         unless `options.use_cuda_graph` is False."""
         specialize = specialize or ("eager" if cache == "window" else "none")
