@@ -201,3 +201,32 @@ def test_gate_fallback_ranks_by_weight_error_once_the_fp16_weights_are_gone(tmp_
     table = rec["accuracy"]["gate"]["table"]
     assert table[0][2] is False and table[-1][2] is True and rec["quantization"]["fp16_gemms"]
     assert rec["accuracy"]["onnx_vs_fp16"]["agreement"] >= 0.99 and rec["removed"] is True
+
+
+def test_engine_gate_feeds_the_profiles_shortest_prompt_then_one_token_a_step(tmp_path):
+    """The GPU gate's teacher forcing (a prompt of `--seq` min tokens, since an engine takes no
+    shorter one, then a token a step) gives the token-by-token logits of the positions after it;
+    run here through ONNX Runtime's DecoderStep, the same interface the engine's decoder has."""
+    from types import SimpleNamespace
+
+    from trt_seer import pipeline
+    from trt_seer.engine.build import BuildSpec
+    from trt_seer.engine_gate import EngineGate
+    from trt_seer.eval import teacher
+    from trt_seer.export.families import ShapeProfile, resolve_model
+    from trt_seer.runtime.decoder_ort import OrtDecoderStep
+
+    ckpt = make_tiny_checkpoint("llama", "causal-lm", tmp_path / "llama")
+    info = resolve_model(ckpt)
+    art = pipeline.Artifacts(tmp_path, info.name)
+    record = pipeline.fp16_decoder_onnx(info, art)
+    rows = np.random.default_rng(0).integers(3, 120, (3, 12)).astype(np.int64)
+    request = SimpleNamespace(spec=BuildSpec(profile=ShapeProfile((1, 2, 4), (5, 8, 16))))
+    gate = EngineGate(art, request, rows)
+    step = OrtDecoderStep(art.path("fp16.onnx"), decoder=record["decoder"])
+    got = gate.teacher_force(step, rows)
+    want = teacher.stepped_logits(step, rows)[:, gate.lead - 1:]
+    assert gate.lead == 5 and got.shape == want.shape == (3, 12 - 5, 128)
+    assert gate.metric_rows.shape == (3, 12 - 4) and np.array_equal(gate.metric_rows[:, 1:], rows[:, 5:])
+    np.testing.assert_allclose(got, want, atol=2e-2)
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9

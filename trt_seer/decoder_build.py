@@ -147,7 +147,7 @@ def _weight_only(info, art: Artifacts, request, fp16: dict, todo: list[int], sta
         return manifests
     quant = request.quant_spec()
     cd, rows = decoder_stage.gate_rows(info, quant)
-    gpu = _gpu_gate(art, request)
+    gpu = _gpu_gate(art, request, rows)
     ref = stages.run("fp16 reference", _reference, info, art, fp16, rows, gpu)
     awq = 4 in pending and decoder_stage.uses_awq(quant, 4, decoder_stage.int4_qat(info, quant, 4))
     if awq and fp16.get("removed"):  # AWQ measures activations on the FP16 graph: export it again
@@ -162,7 +162,8 @@ def _weight_only(info, art: Artifacts, request, fp16: dict, todo: list[int], sta
         graph = None
     for bits in pending:
         source = decoder_stage.DecoderSource(
-            fp16=fp16, load=intermediates.fp16_loader(art, fp16, info.path), graph=graph, rows=rows, reference=ref,
+            fp16=fp16, load=intermediates.fp16_loader(art, fp16, info.path), graph=graph,
+            rows=gpu.metric_rows if gpu else rows, reference=ref,
             evaluate=gpu.evaluator(fp16, bits) if gpu else None, awq_stats=stats,
             measured_on=measured_on)
         record = stages.run(f"int{bits} onnx", decoder_stage.weight_only_onnx, info, art, source, quant, bits, cd)
@@ -195,7 +196,7 @@ def _reference(info, art: Artifacts, fp16: dict, rows, gpu):
     from trt_seer.export import onnxio
 
     if gpu:
-        return gpu.logits(art.path("fp16.engine"), rows)
+        return gpu.logits(art.path("fp16.engine"))
     log.info("teacher-forcing %d held-out rows of %d tokens through the FP16 graph ...", *rows.shape)
     if not fp16.get("removed"):
         return teacher.teacher_forced_logits(art.path("fp16.onnx"), rows)
@@ -204,8 +205,9 @@ def _reference(info, art: Artifacts, fp16: dict, rows, gpu):
         return teacher.teacher_forced_logits(graph, rows)
 
 
-def _gpu_gate(art: Artifacts, request):
-    """An EngineGate when a GPU runs this TensorRT's engines, else None (the gate runs on the CPU)."""
+def _gpu_gate(art: Artifacts, request, rows):
+    """An EngineGate over `rows` when a GPU runs this TensorRT's engines, else None (the gate runs
+    on the CPU)."""
     from trt_seer.runtime import tensorrt_unavailable_reason
 
     reason = tensorrt_unavailable_reason()
@@ -214,7 +216,7 @@ def _gpu_gate(art: Artifacts, request):
         return None
     from trt_seer.engine_gate import EngineGate
 
-    return EngineGate(art, request)
+    return EngineGate(art, request, rows)
 
 
 def _weight_only_benefit(art: Artifacts, chosen: list[str]) -> None:
