@@ -23,6 +23,7 @@ import numpy as np
 from trt_seer.decoder_io import position_ids
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError
+from trt_seer.runtime.sampling import choose
 
 
 class DecoderStep(Protocol):
@@ -71,28 +72,6 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndar
     for row, p in enumerate(prompts):
         ids[row, width - len(p):], mask[row, width - len(p):] = p, 1
     return ids, mask
-
-
-def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> np.ndarray:
-    """Next token per row (batch,) int64 from logits (batch, vocab)."""
-    if sampling.temperature == 0:
-        return np.argmax(logits, axis=-1).astype(np.int64)
-    scores = logits.astype(np.float64) / sampling.temperature
-    if 0 < sampling.top_k < scores.shape[-1]:
-        kth = np.partition(scores, -sampling.top_k, axis=-1)[:, -sampling.top_k][:, None]
-        scores = np.where(scores < kth, -np.inf, scores)
-    order = np.argsort(-scores, axis=-1, kind="stable")  # most likely first
-    probs = np.take_along_axis(scores, order, axis=-1)
-    probs = np.exp(probs - probs[:, :1])
-    probs /= probs.sum(axis=-1, keepdims=True)
-    if sampling.top_p < 1:  # the smallest head whose mass reaches top_p; the first token always kept
-        before = np.cumsum(probs, axis=-1) - probs
-        probs = np.where(before < sampling.top_p, probs, 0.0)
-        probs /= probs.sum(axis=-1, keepdims=True)
-    cdf = np.cumsum(probs, axis=-1)
-    u = rng.random((len(scores), 1)) * cdf[:, -1:]
-    picked = np.minimum((cdf <= u).sum(axis=-1), scores.shape[-1] - 1)
-    return order[np.arange(len(scores)), picked].astype(np.int64)
 
 
 def generate_ids(step: DecoderStep, prompts: list[list[int]], sampling: Sampling, eos_ids: set[int],

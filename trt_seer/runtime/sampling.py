@@ -1,0 +1,80 @@
+"""Next-token choice on the host: greedy, or seeded sampling with temperature, top-k and top-p.
+
+    from trt_seer.runtime.sampling import choose
+    tokens = choose(logits, Sampling(temperature=0.8, top_p=0.9, seed=0), rng)   # (batch,) int64
+
+No row's vocabulary is sorted. Sampling draws the token that inverse-CDF sampling over the
+vocabulary sorted likeliest first (ties by lower id) would draw for the same uniform number, so a
+seed gives the tokens a full sort gives, except where float32 rounding moves a boundary between two
+tokens. How, per row, in float32 (masses in float64):
+- without top-k: each token's distance below the row's best score goes into one of `BINS` bins
+  (1/16 of a logit wide; bin order is sorted order). One weighted `bincount` gives each bin's mass;
+  the bin where the cumulative mass crosses top-p (then the drawn quantile) is the only one sorted.
+- with top-k: `np.argpartition` keeps the k likeliest, and only those are sorted.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+BINS, BIN_WIDTH = 512, 1 / 16  # scores more than 32 below the best share the last bin (mass < 1e-13)
+
+
+def choose(logits: np.ndarray, sampling, rng: np.random.Generator) -> np.ndarray:
+    """Next token per row (batch,) int64 from logits (batch, vocab); `sampling` has temperature,
+    top_k and top_p (runtime.generate.Sampling). One uniform draw per row from `rng` when sampling."""
+    if sampling.temperature == 0:
+        return np.argmax(logits, axis=-1).astype(np.int64)
+    scores = np.asarray(logits, dtype=np.float32) / np.float32(sampling.temperature)  # (batch, vocab)
+    u = rng.random(len(scores))  # drawn first: the same numbers whatever path the rows take
+    if 0 < sampling.top_k < scores.shape[-1]:
+        return _top_k(scores, sampling.top_k, sampling.top_p, u)
+    below = scores.max(axis=-1, keepdims=True) - scores  # >= 0, 0 for the best
+    probs = np.exp(-below)  # unnormalized
+    bins = np.multiply(below, np.float32(1 / BIN_WIDTH))
+    np.minimum(bins, np.float32(BINS - 1), out=bins)
+    bins = bins.astype(np.int32)  # (batch, vocab) bin per token; int32 converts several times faster
+    mass = np.stack([np.bincount(b, p, BINS) for b, p in zip(bins, probs)])
+    cum = np.cumsum(mass, axis=-1)  # (batch, BINS) float64, likeliest bins first
+    out = np.empty(len(scores), np.int64)
+    for row in range(len(scores)):
+        out[row] = _draw(row, below[row], bins[row], probs[row], cum[row], sampling.top_p, u[row])
+    return out
+
+
+def _draw(row, below, bins, probs, cum, top_p: float, u: float) -> int:
+    """One row: the kept mass (all, or the smallest head reaching top_p), then the token where the
+    cumulative mass first exceeds u times it."""
+    kept = cum[-1]
+    if top_p < 1:  # the head ends at the first token whose cumulative mass reaches top_p
+        ids, before, inside = _crossing(below, bins, probs, cum, top_p * cum[-1], strict=False)
+        kept = before + inside[min(int((inside < top_p * cum[-1] - before).sum()), len(inside) - 1)]
+    ids, before, inside = _crossing(below, bins, probs, cum, u * kept, strict=True)
+    return int(ids[min(int((before + inside <= u * kept).sum()), len(ids) - 1)])
+
+
+def _crossing(below, bins, probs, cum, target: float, strict: bool):
+    """The bin where the cumulative mass crosses `target` (first > target if strict, else >=): its
+    ids in sorted order, the mass of the bins before it and the running mass inside it."""
+    b = min(int(np.searchsorted(cum, target, side="right" if strict else "left")), len(cum) - 1)
+    while not cum[b] - (cum[b - 1] if b else 0.0) and b:  # an empty bin: the crossing is in the last full one
+        b -= 1
+    ids = np.flatnonzero(bins == b)
+    ids = ids[np.argsort(below[ids], kind="stable")]  # ids ascending already: ties by lower id
+    return ids, (cum[b - 1] if b else 0.0), np.cumsum(probs[ids], dtype=np.float64)
+
+
+def _top_k(scores: np.ndarray, k: int, top_p: float, u: np.ndarray) -> np.ndarray:
+    """The k likeliest per row, sorted; probabilities over the k; top-p within them."""
+    ids = np.argpartition(-scores, k - 1, axis=-1)[:, :k]
+    ids.sort(axis=-1)  # so that the stable sort below breaks ties by id
+    head = np.take_along_axis(scores, ids, axis=-1)
+    order = np.argsort(-head, axis=-1, kind="stable")
+    ids, head = np.take_along_axis(ids, order, axis=-1), np.take_along_axis(head, order, axis=-1)
+    probs = np.exp(head - head[:, :1])
+    cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
+    cdf /= cdf[:, -1:]
+    if top_p < 1:  # the smallest head whose mass reaches top_p; the first always kept
+        cdf = np.cumsum(np.where(cdf - probs / probs.sum(-1, keepdims=True) < top_p, probs, 0), -1, np.float64)
+        cdf /= cdf[:, -1:]
+    picked = np.minimum((cdf <= u[:, None]).sum(axis=-1), ids.shape[-1] - 1)
+    return ids[np.arange(len(ids)), picked].astype(np.int64)
