@@ -1,6 +1,6 @@
 """`TensorRTDecoder` stepping (runtime/decoder_trt.py) on CPU, both cache layouts: prefill on an
-empty cache, then one token per step, through the decoder's own buffers, bindings, window mask and
-2-D cache copies. CUDA memory is ordinary memory (copies are memmoves, 2-D copies row by row) and
+empty cache, then one token per step, through the decoder's own buffers, bindings, window masks,
+2-D cache copies and window promotions. CUDA memory is ordinary memory (copies are memmoves, 2-D copies row by row) and
 the "engine" is a toy decoder that computes its logits from the whole cache it is bound to, so a
 step reads a wrong, stale or misaligned cache entry only by giving other logits than the same
 sequence run at once. Real kernels: tests/test_generate_gpu.py."""
@@ -193,8 +193,9 @@ def open_decoder(monkeypatch, tmp_path):
     path.write_bytes(b"engine")
     opened = []
 
-    def make(cache):
-        opened.append(decoder_trt.TensorRTDecoder(path, EngineOptions(), cache=cache))
+    def make(cache, windows=None, sliding_window=None):
+        manifest["decoder"]["sliding_window"] = sliding_window
+        opened.append(decoder_trt.TensorRTDecoder(path, EngineOptions(), cache=cache, windows=windows))
         opened[-1].rt = rt
         return opened[-1]
 
@@ -227,10 +228,50 @@ def test_prefill_then_decode_steps_match_the_whole_sequence_at_once(open_decoder
         feeds = step_feeds(ids[:, -1:], mask, seq=1)
         logits = dec.step(feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"])
         np.testing.assert_array_equal(logits, reference(ids, mask), err_msg=f"{cache} step {i}")
-    decode, prefill = dec.engine.contexts
+    prefill, decode = dec.engine.contexts
     assert (decode.profile, prefill.profile) == (0, 1) and (decode.runs, prefill.runs) == (6, 1)
     assert dec.past == 11 and dec.last_gpu_ms == 0.5
-    assert dec.rt.copies2d == (7 if cache == "window" else 0)  # the window slides after every step
+    assert dec.rt.copies2d == (7 if cache == "window" else 0)  # the prompt lands, then each new position
+
+
+def decode_along(dec, ids, mask, steps):
+    """Prefill, then `steps` one-token steps, each checked against the whole sequence at once;
+    returns the window each step read."""
+    dec.reset(batch=len(ids))
+    logits = dec.step(ids, mask, position_ids(mask))
+    np.testing.assert_array_equal(logits, reference(ids, mask))
+    read = []
+    for i in range(steps):
+        token = (logits.argmax(1) + i) % VOCAB
+        ids = np.concatenate([ids, token[:, None]], 1)
+        mask = np.concatenate([mask, np.ones((len(ids), 1), np.int64)], 1)
+        read.append(dec.window)
+        logits = dec.step(ids[:, -1:], mask, position_ids(mask, 1))
+        np.testing.assert_array_equal(logits, reference(ids, mask), err_msg=f"step {i} in window {read[-1]}")
+    return read
+
+
+@pytest.mark.parametrize("sliding_window", [None, 4])
+def test_sequences_move_up_the_window_ladder_with_the_same_logits(open_decoder, sliding_window):
+    """Windows 2, 4, 8 and 11: a 2-token prompt steps in the smallest window that holds it and is
+    promoted when it fills it; each window has its own decode context, bound once per batch size.
+    With a sliding window smaller than the largest window the cache stays right-aligned."""
+    dec = open_decoder("window", windows=(2, 4, 8), sliding_window=sliding_window)
+    assert dec.windows == (2, 4, 8, 11) and dec.align == ("left" if sliding_window is None else "right")
+    ids, mask = np.array([[3, 7], [0, 4]], np.int64), np.array([[1, 1], [0, 1]], np.int64)
+    read = decode_along(dec, ids, mask, steps=MAX_TOTAL - 2)
+    assert read == [2, 4, 4, 8, 8, 8, 8, 11, 11, 11]
+    prefill, *decode = dec.engine.contexts
+    assert [c.runs for c in decode] == [1, 2, 4, 3] and prefill.runs == 1
+    assert all(c.shapes["attention_mask"] == (2, w + 1) for c, w in zip(decode, dec.windows))
+    decode_along(dec, ids[:1, -1:], mask[:1, -1:], steps=4)  # another batch size: bound again, same answers
+    assert len(dec.engine.contexts) == 5
+
+
+def test_a_long_prompt_starts_in_a_larger_window(open_decoder):
+    dec = open_decoder("window", windows=(2, 4, 8))
+    ids = np.array([[5, 6, 7, 8, 9]], np.int64)
+    assert decode_along(dec, ids, np.ones_like(ids), steps=4) == [8, 8, 8, 8]
 
 
 @pytest.mark.parametrize("cache", ["window", "grow"])
@@ -260,4 +301,4 @@ def test_steps_outside_the_engine_are_refused_before_running(open_decoder):
     with pytest.raises(InputError, match="exceeds the engine's longest prompt"):
         long = np.ones((1, MAX_PROMPT + 1), np.int64)
         dec.step(long, long, position_ids(long))
-    assert [c.runs for c in dec.engine.contexts] == [0, 0]
+    assert [c.runs for c in dec.engine.contexts] == [0]  # the prefill context; decode ones come on first use

@@ -10,13 +10,16 @@ the last position's logits come back. The engine has two optimization profiles (
 `decode` (one token per row) and `prefill` (the prompt on an empty cache), one execution context each.
 
 Two cache layouts (`cache=`):
-- "window" (default): every decode step has the same shapes and addresses. The cache is a window of
-  `max_total - 1` positions per layer; the prompt's keys and values land at its end and the
-  attention mask marks the empty slots. The engine appends the new token (a window + 1 present);
-  one 2-D device copy for all layers drops the oldest slot, so the next step reads the window at the
-  same address again. With fixed shapes and addresses the runtime replays a CUDA graph of the step
-  (TensorRT-RTX captures it once per batch size) instead of enqueueing every kernel from the host.
-  Each step attends over the whole window: `--max-total` sets that cost.
+- "window" (default): a decode step reads a window of fixed size and address, so the runtime replays
+  a CUDA graph of it (TensorRT-RTX captures one per shape) instead of enqueueing every kernel from
+  the host. Windows come in a ladder of sizes (runtime/kv_window.py: 256, 512, ... max_total - 1),
+  each with its own execution context, shapes and addresses, hence its own graph; a sequence steps in
+  the smallest window that holds it and moves up when it outgrows it, so a step attends over about
+  the positions in use. The sequence sits at the window's start and the mask hides the empty slots;
+  after a step one 2-D copy puts the new token's keys and values (one position per layer, row and
+  head) into its slot. A decoder whose manifest names a `sliding_window` smaller than the largest
+  window keeps its sequence right-aligned instead, sliding the whole window each step, since its
+  mask reads distances from slot indices.
 - "grow": the cache is as long as the sequence so far; two buffers per layer swap roles every step
   (the engine reads one and writes the grown cache into the other). Every step is a new shape, so
   nothing can be replayed: each kernel is launched from the host.
@@ -24,14 +27,13 @@ Two cache layouts (`cache=`):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
-
 import numpy as np
 
 from trt_seer.decoder_io import TOKEN_INPUTS, is_past, present_of
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
+from trt_seer.runtime.kv_window import append_copy, land_copy, pick_window, slide_copy, window_mask, window_sizes
 from trt_seer.runtime.loader import EngineOptions, load_engine
 
 SMALL_INPUTS = TOKEN_INPUTS
@@ -43,50 +45,21 @@ def _nbytes(shape, dtype) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-class Copy2D(NamedTuple):
-    """One cudaMemcpy2D: `height` rows of `width` bytes; offsets from the buffers' starts."""
-
-    dst_offset: int
-    dst_pitch: int
-    src_offset: int
-    src_pitch: int
-    width: int
-    height: int
-
-
-def slide_copy(decode: bool, rows: int, window: int, row_bytes: int, seq: int) -> Copy2D:
-    """The copy from the step's `present` output back into the window: `rows` = layers x batch x
-    heads, each `window` positions of `row_bytes` in the window. After a decode step `present` has
-    window + 1 positions per row and the oldest is dropped; after a prompt it has `seq` positions,
-    which go to the end of the (zeroed) window."""
-    w = window * row_bytes
-    if decode:
-        return Copy2D(0, w, row_bytes, w + row_bytes, w, rows)
-    width = seq * row_bytes
-    return Copy2D(w - width, w, 0, width, width, rows)
-
-
-def window_mask(mask: np.ndarray, window: int) -> np.ndarray:
-    """A decode step's [batch, past + 1] mask right-aligned in [batch, window + 1], 0 elsewhere."""
-    out = np.zeros((mask.shape[0], window + 1), np.int64)
-    out[:, window + 1 - mask.shape[1]:] = mask
-    return out
-
-
 class TensorRTDecoder:
     """One decoder engine with its KV cache on the GPU; not thread-safe (one sequence batch)."""
 
     backend = "tensorrt"
 
     def __init__(self, path: str | Path, options: EngineOptions = EngineOptions(), specialize: str | None = None,
-                 cache: str = "window"):
+                 cache: str = "window", windows: tuple[int, ...] | None = None):
         """`cache`: "window" or "grow" (module docstring). `specialize`: TensorRT-RTX's
         dynamic-shape kernel specialization for the decode step ("eager", "lazy" or "none"). The
         default is "eager" with the window: its one shape per batch size gets kernels compiled for
         it on the first step (1.46x the decode tokens/s of "none" for a 1.1B FP16 Llama on an
         H200, docs/BENCHMARKS.md) and "none" when every step is a new shape. Prompts always run
         unspecialized: their lengths vary. CUDA graphs for the decode step are on with the window
-        unless `options.use_cuda_graph` is False."""
+        unless `options.use_cuda_graph` is False. `windows`: the window sizes (default
+        `kv_window.window_sizes(max_total)`; the largest is always max_total - 1)."""
         specialize = specialize or ("eager" if cache == "window" else "none")
         if specialize not in SPECIALIZE:
             raise InputError(f"specialize must be one of {', '.join(SPECIALIZE)}, got {specialize!r}")
@@ -110,7 +83,14 @@ class TensorRTDecoder:
         self.max_batch = int(self.manifest["profiles"][0]["batch"][2])
         self.max_total = int(self.decoder["max_total"])
         self.max_prompt = int(self.decoder["max_prompt"])
-        self._contexts = [self._context(i) for i in range(self.engine.num_optimization_profiles)]
+        sizes = window_sizes(self.max_total) if windows is None else windows
+        self.windows = tuple(sorted({min(int(w), self.max_total - 1) for w in sizes} | {self.max_total - 1}))
+        if self.windows[0] < 1:
+            raise InputError(f"window sizes must be >= 1, got {list(sizes)}")
+        sliding = int(self.decoder.get("sliding_window") or 0)
+        self.align = "right" if 0 < sliding < self.windows[-1] else "left"
+        self._prefill = self._context(1 if self.engine.num_optimization_profiles > 1 else 0, decode=False)
+        self._decode = {}  # window size (or "grow") -> its decode context, made on first use
         self._alloc()
         self.batch, self.past = 0, 0
         self.closed = False
@@ -132,17 +112,17 @@ class TensorRTDecoder:
         self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
         self.vocab = int(self.engine.get_tensor_shape("logits")[-1])
 
-    def _context(self, profile: int):
+    def _context(self, profile: int, decode: bool):
         config = self.engine.create_runtime_config() if hasattr(self.engine, "create_runtime_config") else None
         if config is not None:  # the JIT kernels of every context, from and to one file
             self._jit_cache.attach(config)
         graphs = self.options.use_cuda_graph if self.options.use_cuda_graph is not None else self.cache == "window"
-        if config is not None and graphs and profile == 0 and hasattr(config, "cuda_graph_strategy"):
+        if config is not None and graphs and decode and hasattr(config, "cuda_graph_strategy"):
             # the decode step only: a prompt's shape is new almost every time
             config.cuda_graph_strategy = self.flavor.trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
         strategy = getattr(self.flavor.trt, "DynamicShapesKernelSpecializationStrategy", None)
         if config is not None and strategy is not None:
-            chosen = self.specialize if profile == 0 else "none"
+            chosen = self.specialize if decode else "none"
             config.dynamic_shapes_kernel_specialization_strategy = getattr(strategy, chosen.upper())
         ctx = (self.engine.create_execution_context(config) if config is not None
                else self.engine.create_execution_context())
@@ -154,7 +134,7 @@ class TensorRTDecoder:
 
     def _alloc(self) -> None:
         b, t, layers = self.max_batch, self.max_total, len(self.past_names)
-        self.window = t - 1  # cache positions a decode step reads in the "window" layout
+        self.window = None  # the window the next decode step reads ("window" layout)
         self._row = self.head_dim * self.kv_dtype.itemsize  # bytes of one position of one head
         if self.cache == "window":  # [layer][batch][head][window][dim], read by the step; its output
             self._kv = [cuda.DeviceBuffer(layers * b * self.kv_heads * n * self._row) for n in (t - 1, t)]
@@ -164,7 +144,7 @@ class TensorRTDecoder:
         self._small = {n: cuda.HostDeviceBuffer(_nbytes((b, t), np.int64)) for n in SMALL_INPUTS}
         self._logits = cuda.HostDeviceBuffer(_nbytes((b, 1, self.vocab), self.logits_dtype))
         self._cur = 0
-        self._bound = None  # (context, batch) whose decode shapes and addresses are set
+        self._bound = {}  # window -> the batch whose decode shapes and addresses its context has
         self.kv_cache_bytes = sum(buf.nbytes for buf in self._buffers())
 
     def _buffers(self) -> list:
@@ -176,21 +156,19 @@ class TensorRTDecoder:
         """Starts a new batch of sequences on an empty cache."""
         if not 1 <= batch <= self.max_batch:
             raise InputError(f"batch {batch} is outside the engine's profile (1..{self.max_batch})")
-        self.batch, self.past, self._cur = int(batch), 0, 0
-        if self.cache == "window":  # empty slots are masked, but must hold numbers, not NaN
-            rows = len(self.past_names) * self.batch * self.kv_heads
-            cuda.memset_async(self._kv[0].device_ptr, 0, rows * self.window * self._row, self.stream)
+        self.batch, self.past, self._cur, self.window = int(batch), 0, 0, None
 
     def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
         """Runs the new tokens on the cache; returns the last position's logits [batch, vocab] (float32)."""
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         seq = self._check(feeds)
         decode = seq == 1 and self.past > 0
-        ctx = self._contexts[0 if decode or len(self._contexts) == 1 else 1]
+        window = self.cache == "window"
+        ctx = self._decode_context(self.window if window else "grow") if decode else self._prefill
         stream = self.stream.handle
-        if self.cache == "window" and decode:
-            feeds["attention_mask"] = window_mask(attention_mask, self.window)
-        rebind = not (self.cache == "window" and decode and self._bound == (id(ctx), self.batch))
+        if window and decode:
+            feeds["attention_mask"] = window_mask(attention_mask, self.window, self.align)
+        rebind = not (window and decode and self._bound.get(self.window) == self.batch)
         for name, value in feeds.items():
             buf = self._small[name]
             np.copyto(buf.host_view(value.shape, np.int64), value, casting="same_kind")
@@ -204,8 +182,8 @@ class TensorRTDecoder:
         if not ctx.execute_async_v3(int(stream)):
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
             raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
-        if self.cache == "window":
-            self._slide(seq, decode)
+        if window:
+            self._keep(seq, decode)
         self._end.record(stream)
         self._logits.d2h_async(stream, _nbytes((self.batch, 1, self.vocab), self.logits_dtype))
         self.stream.synchronize()
@@ -229,11 +207,30 @@ class TensorRTDecoder:
             self._bind(ctx, past, (self.batch, self.kv_heads, past_len, self.head_dim),
                        self._kv[0].device_ptr + i * per_head * past_len * self._row)
             ctx.set_tensor_address(present, self._kv[1].device_ptr + i * per_head * present_len * self._row)
-        self._bound = (id(ctx), self.batch) if decode else None
+        if decode:
+            self._bound[self.window] = self.batch
 
-    def _slide(self, seq: int, decode: bool) -> None:
-        """Window layout: the step's output back into the window (module docstring)."""
-        c = slide_copy(decode, len(self.past_names) * self.batch * self.kv_heads, self.window, self._row, seq)
+    def _decode_context(self, key):
+        if key not in self._decode:
+            self._decode[key] = self._context(0, decode=True)
+        return self._decode[key]
+
+    def _keep(self, seq: int, decode: bool) -> None:
+        """Window layout: the step's new keys and values into the window, or the whole `present` into
+        the next window when the sequence outgrows this one (module docstring, runtime/kv_window.py)."""
+        rows, used = len(self.past_names) * self.batch * self.kv_heads, self.past + seq
+        if decode and used <= self.window:
+            c = (append_copy(rows, self.window, self._row, self.past) if self.align == "left"
+                 else slide_copy(rows, self.window, self._row))
+            return self._copy(c)
+        target = pick_window(self.windows, used)
+        if target is not None:  # None: the cache is full, no further step is taken
+            # empty slots are masked, but must hold numbers, not NaN
+            cuda.memset_async(self._kv[0].device_ptr, 0, rows * target * self._row, self.stream)
+            self._copy(land_copy(rows, target, self._row, self.window + 1 if decode else seq, self.align))
+        self.window = target
+
+    def _copy(self, c) -> None:
         cuda.copy2d_async(self._kv[0].device_ptr + c.dst_offset, c.dst_pitch, self._kv[1].device_ptr + c.src_offset,
                           c.src_pitch, c.width, c.height, "DeviceToDevice", self.stream)
 
@@ -258,10 +255,10 @@ class TensorRTDecoder:
         if self.past + seq > self.max_total:
             raise InputError(f"sequence of {self.past + seq} tokens exceeds the engine's max total "
                              f"({self.max_total}); rebuild with a larger --max-total")
-        if self.cache == "window" and self.past == 0 and seq > self.window:
+        if self.cache == "window" and self.past == 0 and seq > self.windows[-1]:
             raise InputError(f"prompt of {seq} tokens leaves no room to generate in the engine's max total "
                              f"({self.max_total}); rebuild with a larger --max-total")
-        if self.past > 0 and seq != 1 and len(self._contexts) > 1:
+        if self.past > 0 and seq != 1 and self.engine.num_optimization_profiles > 1:
             raise UnsupportedError("after the prompt, a decoder engine takes one token per row per step")
         return seq
 
@@ -275,7 +272,7 @@ class TensorRTDecoder:
         self._jit_cache.save()
         for buf in (*self._buffers(), *self._small.values(), self._logits):
             buf.close()
-        self._contexts, self.engine, self._runtime = [], None, None
+        self._prefill, self._decode, self.engine, self._runtime = None, {}, None, None
         for owned in (self._start, self._end, self.stream):
             owned.close()
 
