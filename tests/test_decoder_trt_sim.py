@@ -27,7 +27,7 @@ class MemoryRuntime:
     """cudart over host memory: allocations are ctypes buffers, copies happen at once."""
 
     def __init__(self):
-        self.blocks, self.copies2d = {}, 0
+        self.blocks, self.copies2d, self.copied = {}, 0, []
 
     def _alloc(self, size):
         block = ctypes.create_string_buffer(size)
@@ -42,6 +42,7 @@ class MemoryRuntime:
     cudaFreeHost = cudaFree
 
     def cudaMemcpyAsync(self, dst, src, nbytes, kind, stream):
+        self.copied.append((kind, int(nbytes)))
         ctypes.memmove(int(dst), int(src), int(nbytes))
         return (0,)
 
@@ -137,7 +138,10 @@ class Context:
             array_at(self.addresses[name.replace("past_key_values.", "present.")], value.shape, np.float32)[...] = value
         keys = [presents[n] for n in self.engine.past_names if n.endswith("key")]
         values = [presents[n] for n in self.engine.past_names if n.endswith("value")]
-        array_at(self.addresses["logits"], (ids.shape[0], 1, VOCAB), np.float32)[:, 0] = logits_from(keys, values, mask)
+        logits = logits_from(keys, values, mask)
+        array_at(self.addresses["logits"], (ids.shape[0], 1, VOCAB), np.float32)[:, 0] = logits
+        if "next_token" in self.engine.names:  # ArgMax in the graph
+            array_at(self.addresses["next_token"], (ids.shape[0], 1), np.int32)[:, 0] = logits.argmax(-1)
         self.runs += 1
         return True
 
@@ -147,9 +151,9 @@ class Engine:
 
     num_optimization_profiles = 2
 
-    def __init__(self):
+    def __init__(self, next_token=False):
         inputs, outputs = decoder_io(LAYERS)
-        self.names = inputs + outputs
+        self.names = inputs + outputs + (("next_token",) if next_token else ())
         self.num_io_tensors = len(self.names)
         self.past_names = [n for n in inputs if is_past(n)]
         self.contexts = []
@@ -158,9 +162,13 @@ class Engine:
         return self.names[i]
 
     def get_tensor_dtype(self, name):
+        if name == "next_token":
+            return "int32"
         return "float32" if name == "logits" or name.startswith(("past_", "present.")) else "int64"
 
     def get_tensor_shape(self, name):
+        if name == "next_token":
+            return (-1, 1)
         if name == "logits":
             return (-1, 1, VOCAB)
         return (-1, HEADS, -1, DIM) if name.startswith(("past_", "present.")) else (-1, -1)
@@ -186,15 +194,15 @@ def open_decoder(monkeypatch, tmp_path):
 
     def load_engine(path, options, manifest):
         return LoadedEngine(path, manifest, flavor, types.SimpleNamespace(index=0), types.SimpleNamespace(errors=[]),
-                            object(), Engine(), jit)
+                            object(), Engine(manifest.get("next_token", False)), jit)
 
     monkeypatch.setattr(decoder_trt, "load_engine", load_engine)
     path = tmp_path / "toy.fp32.engine"
     path.write_bytes(b"engine")
     opened = []
 
-    def make(cache, windows=None, sliding_window=None):
-        manifest["decoder"]["sliding_window"] = sliding_window
+    def make(cache, windows=None, sliding_window=None, next_token=False):
+        manifest["decoder"]["sliding_window"], manifest["next_token"] = sliding_window, next_token
         opened.append(decoder_trt.TensorRTDecoder(path, EngineOptions(), cache=cache, windows=windows))
         opened[-1].rt = rt
         return opened[-1]
@@ -302,3 +310,32 @@ def test_steps_outside_the_engine_are_refused_before_running(open_decoder):
         long = np.ones((1, MAX_PROMPT + 1), np.int64)
         dec.step(long, long, position_ids(long))
     assert [c.runs for c in dec.engine.contexts] == [0]  # the prefill context; decode ones come on first use
+
+
+def test_warm_up_runs_every_window_once_and_leaves_a_fresh_start(open_decoder):
+    dec = open_decoder("window", windows=(2, 4, 8))
+    dec.warm_up(2)
+    prefill, *decode = dec.engine.contexts
+    assert prefill.runs == 0 and [c.runs for c in decode] == [1, 1, 1, 1]
+    assert [c.shapes["past_key_values.0.key"][2] for c in decode] == [2, 4, 8, 11]
+    assert dec.past == 0 and dec.window is None
+    ids, mask = np.array([[3, 7], [0, 4]], np.int64), np.array([[1, 1], [0, 1]], np.int64)
+    decode_along(dec, ids, mask, steps=6)  # the warmed-up contexts give the right answers
+    assert len(dec.engine.contexts) == 5
+
+
+@pytest.mark.parametrize("next_token", [True, False])
+def test_greedy_generation_brings_back_only_ids_when_the_engine_has_next_token(open_decoder, next_token):
+    """generate_ids uses `next_tokens` when greedy: with an ArgMax output only the ids come back
+    (no logits copy at all), and the tokens equal the host argmax of the logits path."""
+    from trt_seer.runtime.generate import Sampling, generate_ids
+
+    prompts = [[3, 7, 7, 1, 9], [4, 12, 4]]
+    want = list(generate_ids(open_decoder("window", windows=(2, 4, 8)), prompts, Sampling(max_new_tokens=6),
+                             set(), 0))
+    dec = open_decoder("window", windows=(2, 4, 8), next_token=next_token)
+    assert (dec.next_dtype is not None) == next_token
+    dec.rt.copied.clear()
+    assert list(generate_ids(dec, prompts, Sampling(max_new_tokens=6), set(), 0)) == want
+    back = [n for kind, n in dec.rt.copied if kind == "DeviceToHost"]
+    assert back == ([2 * 4] if next_token else [2 * VOCAB * 4]) * 6

@@ -39,6 +39,7 @@ from trt_seer.runtime.loader import EngineOptions, load_engine
 SMALL_INPUTS = TOKEN_INPUTS
 SPECIALIZE = ("none", "lazy", "eager")
 CACHES = ("window", "grow")
+NEXT_TOKEN = "next_token"  # optional output: the greedy next token per row, [batch, 1] (ArgMax over logits)
 
 
 def _nbytes(shape, dtype) -> int:
@@ -111,6 +112,7 @@ class TensorRTDecoder:
         shape = self.engine.get_tensor_shape(self.past_names[0])
         self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
         self.vocab = int(self.engine.get_tensor_shape("logits")[-1])
+        self.next_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(NEXT_TOKEN))) if NEXT_TOKEN in names else None
 
     def _context(self, profile: int, decode: bool):
         config = self.engine.create_runtime_config() if hasattr(self.engine, "create_runtime_config") else None
@@ -143,6 +145,7 @@ class TensorRTDecoder:
             self._kv = [[cuda.DeviceBuffer(kv_bytes) for _ in self.past_names] for _ in range(2)]
         self._small = {n: cuda.HostDeviceBuffer(_nbytes((b, t), np.int64)) for n in SMALL_INPUTS}
         self._logits = cuda.HostDeviceBuffer(_nbytes((b, 1, self.vocab), self.logits_dtype))
+        self._next = None if self.next_dtype is None else cuda.HostDeviceBuffer(_nbytes((b, 1), self.next_dtype))
         self._cur = 0
         self._bound = {}  # window -> the batch whose decode shapes and addresses its context has
         self.kv_cache_bytes = sum(buf.nbytes for buf in self._buffers())
@@ -158,8 +161,39 @@ class TensorRTDecoder:
             raise InputError(f"batch {batch} is outside the engine's profile (1..{self.max_batch})")
         self.batch, self.past, self._cur, self.window = int(batch), 0, 0, None
 
+    def warm_up(self, batch: int) -> None:
+        """Runs one decode step in every window at this batch size (on a zeroed cache), so that each
+        window's context, specialized kernels and CUDA graph exist before the first real sequence
+        reaches it; then starts afresh (`reset`)."""
+        if self.cache != "window":
+            return
+        rows = len(self.past_names) * batch * self.kv_heads
+        for w in self.windows:
+            self.reset(batch)
+            cuda.memset_async(self._kv[0].device_ptr, 0, rows * w * self._row, self.stream)
+            self.window, self.past = w, 1
+            ones = np.ones((batch, 2), np.int64)
+            self.step(np.zeros((batch, 1), np.int64), ones, ones[:, :1])
+        self.reset(batch)
+
     def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
         """Runs the new tokens on the cache; returns the last position's logits [batch, vocab] (float32)."""
+        self._run(input_ids, attention_mask, position_ids, self._logits,
+                  _nbytes((self.batch, 1, self.vocab), self.logits_dtype))
+        logits = self._logits.host_view((self.batch, self.vocab), self.logits_dtype)
+        return logits.astype(np.float32, copy=True)
+
+    def next_tokens(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """As `step`, but returns the greedy next token per row (batch,) int64. With a `next_token`
+        output in the engine (ArgMax over the logits) only the ids come back to the host; without
+        one, the logits do and the argmax runs here."""
+        if self._next is None:
+            return self.step(input_ids, attention_mask, position_ids).argmax(axis=-1).astype(np.int64)
+        self._run(input_ids, attention_mask, position_ids, self._next, self.batch * self.next_dtype.itemsize)
+        return self._next.host_view((self.batch,), self.next_dtype).astype(np.int64)
+
+    def _run(self, input_ids, attention_mask, position_ids, out, out_bytes: int) -> None:
+        """One step on the GPU; copies `out_bytes` of `out` (an output's host-device buffer) back."""
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         seq = self._check(feeds)
         decode = seq == 1 and self.past > 0
@@ -178,6 +212,8 @@ class TensorRTDecoder:
         if rebind:
             self._bind_cache(ctx, seq, decode)
             ctx.set_tensor_address("logits", self._logits.device_ptr)
+            if self._next is not None:
+                ctx.set_tensor_address(NEXT_TOKEN, self._next.device_ptr)
         self._start.record(stream)
         if not ctx.execute_async_v3(int(stream)):
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
@@ -185,12 +221,10 @@ class TensorRTDecoder:
         if window:
             self._keep(seq, decode)
         self._end.record(stream)
-        self._logits.d2h_async(stream, _nbytes((self.batch, 1, self.vocab), self.logits_dtype))
+        out.d2h_async(stream, out_bytes)
         self.stream.synchronize()
         self.last_gpu_ms = self._end.elapsed_ms(self._start)
         self._cur, self.past = 1 - self._cur, self.past + seq
-        logits = self._logits.host_view((self.batch, self.vocab), self.logits_dtype)
-        return logits.astype(np.float32, copy=True)
 
     def _bind_cache(self, ctx, seq: int, decode: bool) -> None:
         """Shapes and addresses of the cache inputs and outputs for this step."""
@@ -270,7 +304,7 @@ class TensorRTDecoder:
         self.stream.synchronize()
         self.closed = True
         self._jit_cache.save()
-        for buf in (*self._buffers(), *self._small.values(), self._logits):
+        for buf in (*self._buffers(), *self._small.values(), self._logits, *([self._next] if self._next is not None else [])):
             buf.close()
         self._prefill, self._decode, self.engine, self._runtime = None, {}, None, None
         for owned in (self._start, self._end, self.stream):

@@ -33,6 +33,9 @@ class DecoderStep(Protocol):
 
     def step(self, input_ids, attention_mask, position_ids) -> np.ndarray: ...  # (batch, vocab) float32
 
+    # optional: `next_tokens(input_ids, attention_mask, position_ids)` -> (batch,) int64, the greedy
+    # next token per row, which greedy generation uses instead of `step` (TensorRTDecoder)
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -86,17 +89,24 @@ def generate_ids(step: DecoderStep, prompts: list[list[int]], sampling: Sampling
     rng = rng or np.random.default_rng(sampling.seed)
     eos = np.array(sorted(eos_ids), dtype=np.int64)
     step.reset(len(prompts))
-    logits = step.step(ids, mask, position_ids(mask, ids.shape[1]))
+    greedy_ids = getattr(step, "next_tokens", None) if sampling.temperature == 0 else None
+
+    def next_of(ids, mask, seq):  # the next token per row; greedy on the device where the step can
+        if greedy_ids is not None:
+            return greedy_ids(ids, mask, position_ids(mask, seq))
+        return choose(step.step(ids, mask, position_ids(mask, seq)), sampling, rng)
+
+    chosen = next_of(ids, mask, ids.shape[1])
     done = np.zeros(len(prompts), dtype=bool)
     for t in range(budget):
-        tokens = np.where(done, pad_id, choose(logits, sampling, rng))
+        tokens = np.where(done, pad_id, chosen)
         for row in np.flatnonzero(~done):
             yield int(row), int(tokens[row])
         done |= np.isin(tokens, eos)
         if done.all() or t == budget - 1:
             return
         mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
-        logits = step.step(tokens[:, None], mask, position_ids(mask, 1))
+        chosen = next_of(tokens[:, None], mask, 1)
 
 
 class TextStream:
