@@ -339,3 +339,19 @@ def test_greedy_generation_brings_back_only_ids_when_the_engine_has_next_token(o
     assert list(generate_ids(dec, prompts, Sampling(max_new_tokens=6), set(), 0)) == want
     back = [n for kind, n in dec.rt.copied if kind == "DeviceToHost"]
     assert back == ([2 * 4] if next_token else [2 * VOCAB * 4]) * 6
+
+
+def test_generation_stats_carry_the_decoders_device_time(open_decoder):
+    """`generate --stats` (runtime/gen_stats.py) over the TensorRT decoder: device ms per decode step
+    from its CUDA events, one decode step per token after the first, both batches counted."""
+    from trt_seer.runtime.gen_stats import TimedStep, stats_text
+    from trt_seer.runtime.generate import Sampling, generate_ids
+
+    timed = TimedStep(open_decoder("window", windows=(2, 4, 8), next_token=True))
+    assert callable(timed.next_tokens)
+    for prompts in ([[3, 7, 7, 1, 9], [4, 12, 4]], [[5]]):
+        assert len(list(generate_ids(timed, prompts, Sampling(max_new_tokens=5), set(), 0))) == 5 * len(prompts)
+    stats = timed.stats()
+    assert stats["device_ms_per_step"] == 0.5 and stats["decode_steps"] == 8 and stats["batches"] == 2
+    assert stats["ttft_ms"] > 0 and stats["decode_tokens_per_s"] > 0
+    assert "device 0.500 ms/step" in stats_text(stats)

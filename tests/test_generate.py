@@ -290,3 +290,25 @@ def test_load_generator_takes_the_backend_and_options_of_load(artifacts, tmp_pat
         with pytest.warns(RuntimeWarning, match="running m.fp32.onnx on ONNX Runtime .CPU. instead of m.fp32.engine"):
             step = load_step(tmp_path / "m.fp32.engine", threads=1)
         assert step.path == tmp_path / "m.fp32.onnx"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_generate_stats_report_ttft_decode_rate_and_device_time(artifacts, capsys, stream):
+    """`--stats` on ONNX Runtime: TTFT and decode tokens/s measured, no device time on the CPU; in the
+    JSON document (or the stream's last line) and as one text line; the tokens are unchanged."""
+    _, fp32, _ = artifacts["llama"]
+    plain = generate_json(capsys, fp32)
+    extra = ("--stats", "--stream") if stream else ("--stats",)
+    argv = ["generate", str(fp32), *[a for p in PROMPTS for a in ("--prompt", p)],
+            "--max-new-tokens", str(NEW_TOKENS), "--json", *extra]
+    assert cli.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    stats = json.loads(lines[-1])["stats"]
+    if not stream:
+        assert [r["token_ids"] for r in json.loads(lines[-1])["results"]] == [r["token_ids"] for r in plain]
+    longest = max(len(r["token_ids"]) for r in plain)
+    assert stats["batches"] == 1 and stats["decode_steps"] == longest - 1
+    assert stats["ttft_ms"] > 0 and stats["decode_tokens_per_s"] > 0 and stats["device_ms_per_step"] is None
+    assert cli.main([a for a in argv if a != "--json"]) == 0
+    text = capsys.readouterr().out.splitlines()[-1]
+    assert text.startswith("stats: TTFT ") and "tokens/s over" in text and "device time n/a" in text
