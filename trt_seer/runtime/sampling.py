@@ -7,16 +7,17 @@ No row's vocabulary is sorted. Sampling draws the token that inverse-CDF samplin
 vocabulary sorted likeliest first (ties by lower id) would draw for the same uniform number, so a
 seed gives the tokens a full sort gives, except where float32 rounding moves a boundary between two
 tokens. How, per row, in float32 (masses in float64):
-- without top-k: each token's distance below the row's best score goes into one of `BINS` bins
-  (1/16 of a logit wide; bin order is sorted order). One weighted `bincount` gives each bin's mass;
-  the bin where the cumulative mass crosses top-p (then the drawn quantile) is the only one sorted.
+- without top-k: each token's distance below the row's best score goes into one of `BINS` equal
+  bins over the row's range of scores (at most `SPAN` wide; bin order is sorted order). One weighted
+  `bincount` gives each bin's mass; the bin where the cumulative mass crosses top-p (then the drawn
+  quantile) is the only one sorted: about vocab / BINS tokens, even for a nearly flat distribution.
 - with top-k: `np.argpartition` keeps the k likeliest, and only those are sorted.
 """
 from __future__ import annotations
 
 import numpy as np
 
-BINS, BIN_WIDTH = 512, 1 / 16  # scores more than 32 below the best share the last bin (mass < 1e-13)
+BINS, SPAN = 512, 32.0  # scores more than SPAN below the best share the last bin (mass < 1e-13)
 
 
 def choose(logits: np.ndarray, sampling, rng: np.random.Generator) -> np.ndarray:
@@ -24,19 +25,24 @@ def choose(logits: np.ndarray, sampling, rng: np.random.Generator) -> np.ndarray
     top_k and top_p (runtime.generate.Sampling). One uniform draw per row from `rng` when sampling."""
     if sampling.temperature == 0:
         return np.argmax(logits, axis=-1).astype(np.int64)
-    scores = np.asarray(logits, dtype=np.float32) / np.float32(sampling.temperature)  # (batch, vocab)
-    u = rng.random(len(scores))  # drawn first: the same numbers whatever path the rows take
-    if 0 < sampling.top_k < scores.shape[-1]:
-        return _top_k(scores, sampling.top_k, sampling.top_p, u)
-    below = scores.max(axis=-1, keepdims=True) - scores  # >= 0, 0 for the best
-    probs = np.exp(-below)  # unnormalized
-    bins = np.multiply(below, np.float32(1 / BIN_WIDTH))
+    logits = np.asarray(logits, dtype=np.float32)  # (batch, vocab)
+    u = rng.random(len(logits))  # drawn first: the same numbers whatever path the rows take
+    inverse = np.float32(1 / sampling.temperature)
+    if 0 < sampling.top_k < logits.shape[-1]:
+        return _top_k(logits * inverse, sampling.top_k, sampling.top_p, u)
+    # distance below the row's best score (>= 0); in place: each pass over the vocabulary counts
+    below = np.subtract(logits.max(axis=-1, keepdims=True), logits)
+    below *= inverse
+    probs = np.negative(below)
+    np.exp(probs, out=probs)  # unnormalized
+    span = np.minimum(below.max(axis=-1, keepdims=True), np.float32(SPAN))  # (batch, 1)
+    bins = np.multiply(below, np.float32(BINS) / np.maximum(span, np.float32(1e-6)))
     np.minimum(bins, np.float32(BINS - 1), out=bins)
     bins = bins.astype(np.int32)  # (batch, vocab) bin per token; int32 converts several times faster
     mass = np.stack([np.bincount(b, p, BINS) for b, p in zip(bins, probs)])
     cum = np.cumsum(mass, axis=-1)  # (batch, BINS) float64, likeliest bins first
-    out = np.empty(len(scores), np.int64)
-    for row in range(len(scores)):
+    out = np.empty(len(logits), np.int64)
+    for row in range(len(logits)):
         out[row] = _draw(row, below[row], bins[row], probs[row], cum[row], sampling.top_p, u[row])
     return out
 
