@@ -37,7 +37,7 @@ def lm_like_logits(rng, batch, vocab, spread):
     return logits
 
 
-@pytest.mark.parametrize("spread", [0.0, 6.0, 15.0])
+@pytest.mark.parametrize("spread", [0.0, 6.0, 15.0, 40.0])  # flat (binned) .. peaked (near head)
 @pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9),
                                 dict(temperature=1.3, top_k=40), dict(temperature=1.0, top_k=50, top_p=0.8),
                                 dict(temperature=0.5, top_p=0.5)])

@@ -7,7 +7,9 @@ No row's vocabulary is sorted. Sampling draws the token that inverse-CDF samplin
 vocabulary sorted likeliest first (ties by lower id) would draw for the same uniform number, so a
 seed gives the tokens a full sort gives, except where float32 rounding moves a boundary between two
 tokens. How, per row, in float32 (masses in float64):
-- without top-k: each token's distance below the row's best score goes into one of `BINS` equal
+- without top-k, when the tokens within `NEAR` of the best score are few (`NEAR_MAX`) and hold the
+  mass needed (top-p, or the drawn quantile), only those are sorted: the usual case for a trained LM.
+- else each token's distance below the row's best score goes into one of `BINS` equal
   bins over the row's range of scores (at most `SPAN` wide; bin order is sorted order). One weighted
   `bincount` gives each bin's mass; the bin where the cumulative mass crosses top-p (then the drawn
   quantile) is the only one sorted: about vocab / BINS tokens, even for a nearly flat distribution.
@@ -18,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 BINS, SPAN = 512, 32.0  # scores more than SPAN below the best share the last bin (mass < 1e-13)
+NEAR = np.float32(8.0)  # the first candidates: scores within NEAR of the best (probability ratio > 3e-4)
+NEAR_MAX = 2048  # ... when there are at most this many (else the bins)
 
 
 def choose(logits: np.ndarray, sampling, rng: np.random.Generator) -> np.ndarray:
@@ -35,23 +39,47 @@ def choose(logits: np.ndarray, sampling, rng: np.random.Generator) -> np.ndarray
     below *= inverse
     probs = np.negative(below)
     np.exp(probs, out=probs)  # unnormalized
-    span = np.minimum(below.max(axis=-1, keepdims=True), np.float32(SPAN))  # (batch, 1)
-    bins = np.multiply(below, np.float32(BINS) / np.maximum(span, np.float32(1e-6)))
-    np.minimum(bins, np.float32(BINS - 1), out=bins)
-    bins = bins.astype(np.int32)  # (batch, vocab) bin per token; int32 converts several times faster
-    mass = np.stack([np.bincount(b, p, BINS) for b, p in zip(bins, probs)])
-    cum = np.cumsum(mass, axis=-1)  # (batch, BINS) float64, likeliest bins first
+    total = probs.sum(axis=-1, dtype=np.float64)  # (batch,)
+    near = below < NEAR  # (batch, vocab): a prefix of each row's sorted order
+    few = np.count_nonzero(near, axis=-1) <= NEAR_MAX
     out = np.empty(len(logits), np.int64)
-    for row in range(len(logits)):
-        out[row] = _draw(row, below[row], bins[row], probs[row], cum[row], sampling.top_p, u[row])
+    binned = []
+    for r in range(len(logits)):
+        token = _draw_near(np.flatnonzero(near[r]), below[r], probs[r], total[r], sampling.top_p, u[r]) \
+            if few[r] else None
+        if token is None:
+            binned.append(r)
+        else:
+            out[r] = token
+    if binned:  # rows whose head is wide: bins over each row's range of scores
+        span = np.clip(below[binned].max(axis=-1, keepdims=True), np.float32(1e-6), np.float32(SPAN))
+        bins = np.multiply(below[binned], np.float32(BINS) / span)
+        np.minimum(bins, np.float32(BINS - 1), out=bins)
+        bins = bins.astype(np.int32)  # int32 converts several times faster than int64
+        for i, r in enumerate(binned):
+            out[r] = _draw_binned(below[r], bins[i], probs[r], sampling.top_p, u[r])
     return out
 
 
-def _draw(row, below, bins, probs, cum, top_p: float, u: float) -> int:
-    """One row: the kept mass (all, or the smallest head reaching top_p), then the token where the
-    cumulative mass first exceeds u times it."""
+def _draw_near(ids, below, probs, total: float, top_p: float, u: float) -> int | None:
+    """The token among `ids` (the tokens nearest the best, ascending), or None when they do not hold
+    the mass the draw needs. Kept mass: all, or the smallest head reaching top_p; then the token where
+    the running mass first exceeds u times it."""
+    need = top_p * total if top_p < 1 else u * total
+    mass = probs[ids].sum(dtype=np.float64)
+    if not (mass > need or (top_p < 1 and mass >= need)):
+        return None
+    ids = ids[np.argsort(below[ids], kind="stable")]  # ids ascending already: ties by lower id
+    cum = np.cumsum(probs[ids], dtype=np.float64)
+    kept = total if top_p == 1 else cum[min(int((cum < need).sum()), len(cum) - 1)]
+    return int(ids[min(int((cum <= u * kept).sum()), len(ids) - 1)])
+
+
+def _draw_binned(below, bins, probs, top_p: float, u: float) -> int:
+    """As `_draw_near`, over the bins: only the bin where the running mass crosses is sorted."""
+    cum = np.cumsum(np.bincount(bins, probs, BINS))  # (BINS,) float64, likeliest bins first
     kept = cum[-1]
-    if top_p < 1:  # the head ends at the first token whose cumulative mass reaches top_p
+    if top_p < 1:  # the head ends at the first token whose running mass reaches top_p
         ids, before, inside = _crossing(below, bins, probs, cum, top_p * cum[-1], strict=False)
         kept = before + inside[min(int((inside < top_p * cum[-1] - before).sum()), len(inside) - 1)]
     ids, before, inside = _crossing(below, bins, probs, cum, u * kept, strict=True)
