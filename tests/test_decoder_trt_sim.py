@@ -201,8 +201,11 @@ def open_decoder(monkeypatch, tmp_path):
     path.write_bytes(b"engine")
     opened = []
 
-    def make(cache, windows=None, sliding_window=None, next_token=False):
+    def make(cache, windows=None, sliding_window=None, next_token=False, says_sliding=True):
+        """`sliding_window`: the manifest's (None: full attention); `says_sliding` False: no such key."""
         manifest["decoder"]["sliding_window"], manifest["next_token"] = sliding_window, next_token
+        if not says_sliding:
+            del manifest["decoder"]["sliding_window"]
         opened.append(decoder_trt.TensorRTDecoder(path, EngineOptions(), cache=cache, windows=windows))
         opened[-1].rt = rt
         return opened[-1]
@@ -259,13 +262,14 @@ def decode_along(dec, ids, mask, steps):
     return read
 
 
-@pytest.mark.parametrize("sliding_window", [None, 4])
-def test_sequences_move_up_the_window_ladder_with_the_same_logits(open_decoder, sliding_window):
+@pytest.mark.parametrize("sliding_window,says,align", [(None, True, "left"), (11, True, "left"),
+                                                      (4, True, "right"), (None, False, "right")])
+def test_sequences_move_up_the_window_ladder_with_the_same_logits(open_decoder, sliding_window, says, align):
     """Windows 2, 4, 8 and 11: a 2-token prompt steps in the smallest window that holds it and is
     promoted when it fills it; each window has its own decode context, bound once per batch size.
-    With a sliding window smaller than the largest window the cache stays right-aligned."""
-    dec = open_decoder("window", windows=(2, 4, 8), sliding_window=sliding_window)
-    assert dec.windows == (2, 4, 8, 11) and dec.align == ("left" if sliding_window is None else "right")
+    Left-aligned only when the manifest says the attention sees the largest window."""
+    dec = open_decoder("window", windows=(2, 4, 8), sliding_window=sliding_window, says_sliding=says)
+    assert dec.windows == (2, 4, 8, 11) and dec.align == align
     ids, mask = np.array([[3, 7], [0, 4]], np.int64), np.array([[1, 1], [0, 1]], np.int64)
     read = decode_along(dec, ids, mask, steps=MAX_TOTAL - 2)
     assert read == [2, 4, 4, 8, 8, 8, 8, 11, 11, 11]
@@ -355,3 +359,17 @@ def test_generation_stats_carry_the_decoders_device_time(open_decoder):
     assert stats["device_ms_per_step"] == 0.5 and stats["decode_steps"] == 8 and stats["batches"] == 2
     assert stats["ttft_ms"] > 0 and stats["decode_tokens_per_s"] > 0
     assert "device 0.500 ms/step" in stats_text(stats)
+
+
+def test_copies_per_step_follow_the_alignment(open_decoder, monkeypatch):
+    """Left: one position per row goes into the window each step; right: the whole window slides."""
+    sizes = {}
+    for align in ("left", "right"):
+        dec = open_decoder("window", windows=(8,))
+        dec.align, seen, real = align, [], type(dec.rt).cudaMemcpy2DAsync
+        monkeypatch.setattr(dec.rt, "cudaMemcpy2DAsync", lambda *a, rt=dec.rt: seen.append(a[4]) or real(rt, *a))
+        ids = np.array([[3, 7, 1]], np.int64)
+        decode_along(dec, ids, np.ones_like(ids), steps=3)
+        sizes[align] = seen[1:]  # after the prompt's landing: the width in bytes of each step's copy
+    row = DIM * 4  # one float32 position
+    assert sizes == {"left": [row] * 3, "right": [8 * row] * 3}

@@ -130,7 +130,7 @@ def _cpu_artifacts(ckpt: Path, work: Path, precisions: list[str]) -> None:
             _weight_only(art, fp16, p)
 
 
-def measure_engines(engines: dict[str, Path], spec, variants: list[str]) -> dict[str, dict]:
+def measure_engines(engines: dict[str, Path], spec, variants: list[str], align: str | None) -> dict[str, dict]:
     """One row per engine and runtime variant ("cache:specialization", the first is the default)."""
     from trt_seer.bench.generate import measure_step
     from trt_seer.runtime import cuda
@@ -143,7 +143,7 @@ def measure_engines(engines: dict[str, Path], spec, variants: list[str]) -> dict
             label = f"TensorRT-RTX {precision.upper()} engine" + ("" if i == 0 else f" ({cache} cache, {specialize})")
             cuda.set_device(0)
             free_before = cuda.mem_info()[0]
-            with TensorRTDecoder(path, cache=cache, specialize=specialize) as dec:  # measure_step warms windows
+            with TensorRTDecoder(path, cache=cache, specialize=specialize, align=align) as dec:  # windows warmed
                 used = free_before - cuda.mem_info()[0]
                 rows[label] = {**measure_step(dec, dec.vocab, spec), "memory_bytes": used}
             print(label, json.dumps(rows[label]), flush=True)
@@ -208,13 +208,13 @@ def measure_hf(ckpt: Path, spec, paths: list[str]) -> dict[str, dict]:
     return rows
 
 
-def measure_kernels(engines: dict[str, Path], spec) -> str:
+def measure_kernels(engines: dict[str, Path], spec, align: str | None) -> str:
     from trt_seer.bench.kernels import decode_kernels, kernels_text
     from trt_seer.runtime.decoder_trt import TensorRTDecoder
 
     parts = []
     for precision, path in engines.items():
-        with TensorRTDecoder(path) as dec:
+        with TensorRTDecoder(path, align=align) as dec:
             found = []
             for b in spec.batches:
                 dec.warm_up(b)
@@ -285,11 +285,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         hf = [] if args.no_hf or args.hf == "none" else args.hf.split(",")
         rows = measure_hf(ckpt, spec, hf) if hf else {}
-        rows.update(measure_engines(engines, spec, args.variants.split(",")))
+        # the named shapes are Llamas (full attention); a checkpoint's manifest decides for itself
+        align = "left" if args.config else None
+        rows.update(measure_engines(engines, spec, args.variants.split(","), align))
         baseline = next(iter(rows))  # the first PyTorch path, else the first engine
     text = table(rows, spec, baseline)
     if args.kernels and not args.cpu:
-        text += "\n\n" + measure_kernels(engines, spec)
+        text += "\n\n" + measure_kernels(engines, spec, "left" if args.config else None)
     print(text)
     (args.work / "bench_generate.json").write_text(json.dumps(rows, indent=1))
     if args.append:

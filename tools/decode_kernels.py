@@ -25,13 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=128, help="prompt tokens before the profiled steps")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--cache", default="window", choices=["window", "grow"])
+    ap.add_argument("--align", choices=["left", "right"], default=None,
+                    help="window layout (default: from the manifest; left for full attention)")
     ap.add_argument("--append", type=Path)
     args = ap.parse_args(argv)
     from trt_seer.bench.kernels import decode_kernels, kernels_text
     from trt_seer.runtime.decoder_trt import TensorRTDecoder
 
     found = []
-    with TensorRTDecoder(args.engine, cache=args.cache) as dec:
+    with TensorRTDecoder(args.engine, cache=args.cache, align=args.align) as dec:
         for b in (int(x) for x in args.batches.split(",")):
             dec.warm_up(b)
             found.append(decode_kernels(dec, dec.vocab, b, args.context, args.steps))

@@ -17,9 +17,10 @@ Two cache layouts (`cache=`):
   the smallest window that holds it and moves up when it outgrows it, so a step attends over about
   the positions in use. The sequence sits at the window's start and the mask hides the empty slots;
   after a step one 2-D copy puts the new token's keys and values (one position per layer, row and
-  head) into its slot. A decoder whose manifest names a `sliding_window` smaller than the largest
-  window keeps its sequence right-aligned instead, sliding the whole window each step, since its
-  mask reads distances from slot indices.
+  head) into its slot. That needs full attention: a sliding-window mask reads distances from slot
+  indices. So the layout is left-aligned only when the manifest's `decoder.sliding_window` is null
+  (or at least the largest window); otherwise, and for manifests that do not say, the sequence stays
+  right-aligned and every step slides the whole window (`align=` overrides).
 - "grow": the cache is as long as the sequence so far; two buffers per layer swap roles every step
   (the engine reads one and writes the grown cache into the other). Every step is a new shape, so
   nothing can be replayed: each kernel is launched from the host.
@@ -33,7 +34,7 @@ from trt_seer.decoder_io import TOKEN_INPUTS, is_past, present_of
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
-from trt_seer.runtime.kv_window import append_copy, land_copy, pick_window, slide_copy, window_mask, window_sizes
+from trt_seer.runtime.kv_window import ALIGNS, append_copy, land_copy, pick_window, slide_copy, window_mask, window_sizes
 from trt_seer.runtime.loader import EngineOptions, load_engine
 
 SMALL_INPUTS = TOKEN_INPUTS
@@ -52,7 +53,7 @@ class TensorRTDecoder:
     backend = "tensorrt"
 
     def __init__(self, path: str | Path, options: EngineOptions = EngineOptions(), specialize: str | None = None,
-                 cache: str = "window", windows: tuple[int, ...] | None = None):
+                 cache: str = "window", windows: tuple[int, ...] | None = None, align: str | None = None):
         """`cache`: "window" or "grow" (module docstring). `specialize`: TensorRT-RTX's
         dynamic-shape kernel specialization for the decode step ("eager", "lazy" or "none"). The
         default is "eager" with the window: its one shape per batch size gets kernels compiled for
@@ -60,7 +61,10 @@ class TensorRTDecoder:
         H200, docs/BENCHMARKS.md) and "none" when every step is a new shape. Prompts always run
         unspecialized: their lengths vary. CUDA graphs for the decode step are on with the window
         unless `options.use_cuda_graph` is False. `windows`: the window sizes (default
-        `kv_window.window_sizes(max_total)`; the largest is always max_total - 1)."""
+        `kv_window.window_sizes(max_total)`; the largest is always max_total - 1). `align`: "left" or
+        "right" (module docstring); default from the manifest's `decoder.sliding_window`: left when it
+        says the attention is full (null) or its window is at least the largest, right otherwise,
+        including manifests that do not say."""
         specialize = specialize or ("eager" if cache == "window" else "none")
         if specialize not in SPECIALIZE:
             raise InputError(f"specialize must be one of {', '.join(SPECIALIZE)}, got {specialize!r}")
@@ -88,8 +92,9 @@ class TensorRTDecoder:
         self.windows = tuple(sorted({min(int(w), self.max_total - 1) for w in sizes} | {self.max_total - 1}))
         if self.windows[0] < 1:
             raise InputError(f"window sizes must be >= 1, got {list(sizes)}")
-        sliding = int(self.decoder.get("sliding_window") or 0)
-        self.align = "right" if 0 < sliding < self.windows[-1] else "left"
+        self.align = align or self._align()
+        if self.align not in ALIGNS:
+            raise InputError(f"align must be one of {', '.join(ALIGNS)}, got {align!r}")
         self._prefill = self._context(1 if self.engine.num_optimization_profiles > 1 else 0, decode=False)
         self._decode = {}  # window size (or "grow") -> its decode context, made on first use
         self._alloc()
@@ -97,6 +102,12 @@ class TensorRTDecoder:
         self.closed = False
 
     # --- setup -------------------------------------------------------------------------------
+
+    def _align(self) -> str:
+        if "sliding_window" not in self.decoder:  # unknown: a sliding-window mask needs true distances
+            return "right"
+        sliding = int(self.decoder["sliding_window"] or 0)
+        return "right" if 0 < sliding < self.windows[-1] else "left"
 
     def _names(self) -> None:
         trt = self.flavor.trt
