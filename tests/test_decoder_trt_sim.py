@@ -1,6 +1,6 @@
 """`TensorRTDecoder` stepping (runtime/decoder_trt.py) on CPU, both cache layouts: prefill on an
-empty cache, then one token per step, through the decoder's own buffers, bindings, window mask and
-2-D cache copies. CUDA memory is ordinary memory (copies are memmoves, 2-D copies row by row) and
+empty cache, then one token per step, through the decoder's own buffers, bindings, window masks,
+2-D cache copies and window promotions. CUDA memory is ordinary memory (copies are memmoves, 2-D copies row by row) and
 the "engine" is a toy decoder that computes its logits from the whole cache it is bound to, so a
 step reads a wrong, stale or misaligned cache entry only by giving other logits than the same
 sequence run at once. Real kernels: tests/test_generate_gpu.py."""
@@ -27,7 +27,7 @@ class MemoryRuntime:
     """cudart over host memory: allocations are ctypes buffers, copies happen at once."""
 
     def __init__(self):
-        self.blocks, self.copies2d = {}, 0
+        self.blocks, self.copies2d, self.copied = {}, 0, []
 
     def _alloc(self, size):
         block = ctypes.create_string_buffer(size)
@@ -42,6 +42,7 @@ class MemoryRuntime:
     cudaFreeHost = cudaFree
 
     def cudaMemcpyAsync(self, dst, src, nbytes, kind, stream):
+        self.copied.append((kind, int(nbytes)))
         ctypes.memmove(int(dst), int(src), int(nbytes))
         return (0,)
 
@@ -137,7 +138,10 @@ class Context:
             array_at(self.addresses[name.replace("past_key_values.", "present.")], value.shape, np.float32)[...] = value
         keys = [presents[n] for n in self.engine.past_names if n.endswith("key")]
         values = [presents[n] for n in self.engine.past_names if n.endswith("value")]
-        array_at(self.addresses["logits"], (ids.shape[0], 1, VOCAB), np.float32)[:, 0] = logits_from(keys, values, mask)
+        logits = logits_from(keys, values, mask)
+        array_at(self.addresses["logits"], (ids.shape[0], 1, VOCAB), np.float32)[:, 0] = logits
+        if "next_token" in self.engine.names:  # ArgMax in the graph
+            array_at(self.addresses["next_token"], (ids.shape[0], 1), np.int32)[:, 0] = logits.argmax(-1)
         self.runs += 1
         return True
 
@@ -147,9 +151,9 @@ class Engine:
 
     num_optimization_profiles = 2
 
-    def __init__(self):
+    def __init__(self, next_token=False):
         inputs, outputs = decoder_io(LAYERS)
-        self.names = inputs + outputs
+        self.names = inputs + outputs + (("next_token",) if next_token else ())
         self.num_io_tensors = len(self.names)
         self.past_names = [n for n in inputs if is_past(n)]
         self.contexts = []
@@ -158,9 +162,13 @@ class Engine:
         return self.names[i]
 
     def get_tensor_dtype(self, name):
+        if name == "next_token":
+            return "int32"
         return "float32" if name == "logits" or name.startswith(("past_", "present.")) else "int64"
 
     def get_tensor_shape(self, name):
+        if name == "next_token":
+            return (-1, 1)
         if name == "logits":
             return (-1, 1, VOCAB)
         return (-1, HEADS, -1, DIM) if name.startswith(("past_", "present.")) else (-1, -1)
@@ -186,15 +194,19 @@ def open_decoder(monkeypatch, tmp_path):
 
     def load_engine(path, options, manifest):
         return LoadedEngine(path, manifest, flavor, types.SimpleNamespace(index=0), types.SimpleNamespace(errors=[]),
-                            object(), Engine(), jit)
+                            object(), Engine(manifest.get("next_token", False)), jit)
 
     monkeypatch.setattr(decoder_trt, "load_engine", load_engine)
     path = tmp_path / "toy.fp32.engine"
     path.write_bytes(b"engine")
     opened = []
 
-    def make(cache):
-        opened.append(decoder_trt.TensorRTDecoder(path, EngineOptions(), cache=cache))
+    def make(cache, windows=None, sliding_window=None, next_token=False, says_sliding=True):
+        """`sliding_window`: the manifest's (None: full attention); `says_sliding` False: no such key."""
+        manifest["decoder"]["sliding_window"], manifest["next_token"] = sliding_window, next_token
+        if not says_sliding:
+            del manifest["decoder"]["sliding_window"]
+        opened.append(decoder_trt.TensorRTDecoder(path, EngineOptions(), cache=cache, windows=windows))
         opened[-1].rt = rt
         return opened[-1]
 
@@ -227,10 +239,51 @@ def test_prefill_then_decode_steps_match_the_whole_sequence_at_once(open_decoder
         feeds = step_feeds(ids[:, -1:], mask, seq=1)
         logits = dec.step(feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"])
         np.testing.assert_array_equal(logits, reference(ids, mask), err_msg=f"{cache} step {i}")
-    decode, prefill = dec.engine.contexts
+    prefill, decode = dec.engine.contexts
     assert (decode.profile, prefill.profile) == (0, 1) and (decode.runs, prefill.runs) == (6, 1)
     assert dec.past == 11 and dec.last_gpu_ms == 0.5
-    assert dec.rt.copies2d == (7 if cache == "window" else 0)  # the window slides after every step
+    assert dec.rt.copies2d == (7 if cache == "window" else 0)  # the prompt lands, then each new position
+
+
+def decode_along(dec, ids, mask, steps):
+    """Prefill, then `steps` one-token steps, each checked against the whole sequence at once;
+    returns the window each step read."""
+    dec.reset(batch=len(ids))
+    logits = dec.step(ids, mask, position_ids(mask))
+    np.testing.assert_array_equal(logits, reference(ids, mask))
+    read = []
+    for i in range(steps):
+        token = (logits.argmax(1) + i) % VOCAB
+        ids = np.concatenate([ids, token[:, None]], 1)
+        mask = np.concatenate([mask, np.ones((len(ids), 1), np.int64)], 1)
+        read.append(dec.window)
+        logits = dec.step(ids[:, -1:], mask, position_ids(mask, 1))
+        np.testing.assert_array_equal(logits, reference(ids, mask), err_msg=f"step {i} in window {read[-1]}")
+    return read
+
+
+@pytest.mark.parametrize("sliding_window,says,align", [(None, True, "left"), (11, True, "left"),
+                                                      (4, True, "right"), (None, False, "right")])
+def test_sequences_move_up_the_window_ladder_with_the_same_logits(open_decoder, sliding_window, says, align):
+    """Windows 2, 4, 8 and 11: a 2-token prompt steps in the smallest window that holds it and is
+    promoted when it fills it; each window has its own decode context, bound once per batch size.
+    Left-aligned only when the manifest says the attention sees the largest window."""
+    dec = open_decoder("window", windows=(2, 4, 8), sliding_window=sliding_window, says_sliding=says)
+    assert dec.windows == (2, 4, 8, 11) and dec.align == align
+    ids, mask = np.array([[3, 7], [0, 4]], np.int64), np.array([[1, 1], [0, 1]], np.int64)
+    read = decode_along(dec, ids, mask, steps=MAX_TOTAL - 2)
+    assert read == [2, 4, 4, 8, 8, 8, 8, 11, 11, 11]
+    prefill, *decode = dec.engine.contexts
+    assert [c.runs for c in decode] == [1, 2, 4, 3] and prefill.runs == 1
+    assert all(c.shapes["attention_mask"] == (2, w + 1) for c, w in zip(decode, dec.windows))
+    decode_along(dec, ids[:1, -1:], mask[:1, -1:], steps=4)  # another batch size: bound again, same answers
+    assert len(dec.engine.contexts) == 5
+
+
+def test_a_long_prompt_starts_in_a_larger_window(open_decoder):
+    dec = open_decoder("window", windows=(2, 4, 8))
+    ids = np.array([[5, 6, 7, 8, 9]], np.int64)
+    assert decode_along(dec, ids, np.ones_like(ids), steps=4) == [8, 8, 8, 8]
 
 
 @pytest.mark.parametrize("cache", ["window", "grow"])
@@ -260,4 +313,63 @@ def test_steps_outside_the_engine_are_refused_before_running(open_decoder):
     with pytest.raises(InputError, match="exceeds the engine's longest prompt"):
         long = np.ones((1, MAX_PROMPT + 1), np.int64)
         dec.step(long, long, position_ids(long))
-    assert [c.runs for c in dec.engine.contexts] == [0, 0]
+    assert [c.runs for c in dec.engine.contexts] == [0]  # the prefill context; decode ones come on first use
+
+
+def test_warm_up_runs_every_window_once_and_leaves_a_fresh_start(open_decoder):
+    dec = open_decoder("window", windows=(2, 4, 8))
+    dec.warm_up(2)
+    prefill, *decode = dec.engine.contexts
+    assert prefill.runs == 0 and [c.runs for c in decode] == [1, 1, 1, 1]
+    assert [c.shapes["past_key_values.0.key"][2] for c in decode] == [2, 4, 8, 11]
+    assert dec.past == 0 and dec.window is None
+    ids, mask = np.array([[3, 7], [0, 4]], np.int64), np.array([[1, 1], [0, 1]], np.int64)
+    decode_along(dec, ids, mask, steps=6)  # the warmed-up contexts give the right answers
+    assert len(dec.engine.contexts) == 5
+
+
+@pytest.mark.parametrize("next_token", [True, False])
+def test_greedy_generation_brings_back_only_ids_when_the_engine_has_next_token(open_decoder, next_token):
+    """generate_ids uses `next_tokens` when greedy: with an ArgMax output only the ids come back
+    (no logits copy at all), and the tokens equal the host argmax of the logits path."""
+    from trt_seer.runtime.generate import Sampling, generate_ids
+
+    prompts = [[3, 7, 7, 1, 9], [4, 12, 4]]
+    want = list(generate_ids(open_decoder("window", windows=(2, 4, 8)), prompts, Sampling(max_new_tokens=6),
+                             set(), 0))
+    dec = open_decoder("window", windows=(2, 4, 8), next_token=next_token)
+    assert (dec.next_dtype is not None) == next_token
+    dec.rt.copied.clear()
+    assert list(generate_ids(dec, prompts, Sampling(max_new_tokens=6), set(), 0)) == want
+    back = [n for kind, n in dec.rt.copied if kind == "DeviceToHost"]
+    assert back == ([2 * 4] if next_token else [2 * VOCAB * 4]) * 6
+
+
+def test_generation_stats_carry_the_decoders_device_time(open_decoder):
+    """`generate --stats` (runtime/gen_stats.py) over the TensorRT decoder: device ms per decode step
+    from its CUDA events, one decode step per token after the first, both batches counted."""
+    from trt_seer.runtime.gen_stats import TimedStep, stats_text
+    from trt_seer.runtime.generate import Sampling, generate_ids
+
+    timed = TimedStep(open_decoder("window", windows=(2, 4, 8), next_token=True))
+    assert callable(timed.next_tokens)
+    for prompts in ([[3, 7, 7, 1, 9], [4, 12, 4]], [[5]]):
+        assert len(list(generate_ids(timed, prompts, Sampling(max_new_tokens=5), set(), 0))) == 5 * len(prompts)
+    stats = timed.stats()
+    assert stats["device_ms_per_step"] == 0.5 and stats["decode_steps"] == 8 and stats["batches"] == 2
+    assert stats["ttft_ms"] > 0 and stats["decode_tokens_per_s"] > 0
+    assert "device 0.500 ms/step" in stats_text(stats)
+
+
+def test_copies_per_step_follow_the_alignment(open_decoder, monkeypatch):
+    """Left: one position per row goes into the window each step; right: the whole window slides."""
+    sizes = {}
+    for align in ("left", "right"):
+        dec = open_decoder("window", windows=(8,))
+        dec.align, seen, real = align, [], type(dec.rt).cudaMemcpy2DAsync
+        monkeypatch.setattr(dec.rt, "cudaMemcpy2DAsync", lambda *a, rt=dec.rt: seen.append(a[4]) or real(rt, *a))
+        ids = np.array([[3, 7, 1]], np.int64)
+        decode_along(dec, ids, np.ones_like(ids), steps=3)
+        sizes[align] = seen[1:]  # after the prompt's landing: the width in bytes of each step's copy
+    row = DIM * 4  # one float32 position
+    assert sizes == {"left": [row] * 3, "right": [8 * row] * 3}

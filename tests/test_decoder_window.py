@@ -1,15 +1,18 @@
-"""The window cache layout of `TensorRTDecoder` (runtime/decoder_trt.py), on the CPU: the 2-D copies
-and masks it issues, replayed on numpy byte buffers exactly as cudaMemcpy2D would, give the same
-cache as growing it by one position per step (what ONNX Runtime and the exported graph see)."""
+"""The window cache layout (runtime/kv_window.py), on the CPU: the 2-D copies and masks that
+`TensorRTDecoder` issues, replayed on numpy byte buffers exactly as cudaMemcpy2D would, hold the same
+cache as growing it by one position per step (what ONNX Runtime and the exported graph see), across
+promotions to larger windows, left- and right-aligned."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from trt_seer.runtime.decoder_trt import slide_copy, window_mask
+from trt_seer.runtime.kv_window import (append_copy, land_copy, pick_window, slide_copy, window_mask,
+                                        window_sizes)
 
 LAYERS, BATCH, HEADS, DIM = 3, 2, 2, 4  # rows = layers x batch x heads; fp16 positions of DIM values
 ROW = DIM * 2
+ROWS = LAYERS * BATCH * HEADS
 
 
 def memcpy2d(dst: np.ndarray, src: np.ndarray, c) -> None:
@@ -24,29 +27,57 @@ def as_bytes(kv: np.ndarray) -> np.ndarray:
 
 
 def window_rows(buf: np.ndarray, window: int) -> np.ndarray:
-    return buf[:LAYERS * BATCH * HEADS * window * ROW].view(np.float16).reshape(-1, window, DIM)
+    return buf[:ROWS * window * ROW].view(np.float16).reshape(ROWS, window, DIM)
 
 
-@pytest.mark.parametrize("prompt,steps,window", [(3, 4, 8), (5, 2, 7), (1, 6, 7)])
-def test_window_copies_hold_the_grown_cache_right_aligned(prompt, steps, window):
+def in_use(win: np.ndarray, window: int, used: int, align: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the slots holding the sequence, the empty ones)."""
+    rows = window_rows(win, window)
+    if align == "left":
+        return rows[:, :used], rows[:, used:]
+    return rows[:, window - used:], rows[:, :window - used]
+
+
+@pytest.mark.parametrize("align", ["left", "right"])
+@pytest.mark.parametrize("prompt,steps,windows", [(3, 10, (4, 8, 15)), (5, 2, (7,)), (1, 14, (2, 4, 8, 15))])
+def test_window_copies_hold_the_grown_cache_across_promotions(prompt, steps, windows, align):
     rng = np.random.default_rng(prompt)
-    rows = LAYERS * BATCH * HEADS
-    win = np.zeros(rows * window * ROW, np.uint8)  # zeroed at reset
-    grown = rng.standard_normal((rows, prompt, DIM)).astype(np.float16)  # the prefill's present
-    memcpy2d(win, as_bytes(grown), slide_copy(False, rows, window, ROW, prompt))
+    buf = np.full(ROWS * windows[-1] * ROW, 0xFF, np.uint8)  # NaN bytes: empty slots must be zeroed
+    grown = rng.standard_normal((ROWS, prompt, DIM)).astype(np.float16)  # the prefill's present
+    window = pick_window(windows, prompt)
+    buf[:ROWS * window * ROW] = 0
+    memcpy2d(buf, as_bytes(grown), land_copy(ROWS, window, ROW, prompt, align))
     for _ in range(steps):
-        new = rng.standard_normal((rows, 1, DIM)).astype(np.float16)
-        present = np.concatenate([window_rows(win, window), new], axis=1)  # what the engine writes
-        memcpy2d(win, as_bytes(present), slide_copy(True, rows, window, ROW, 1))
+        new = rng.standard_normal((ROWS, 1, DIM)).astype(np.float16)
+        present = np.concatenate([window_rows(buf, window), new], axis=1)  # what the engine writes
+        used = grown.shape[1] + 1
         grown = np.concatenate([grown, new], axis=1)
-        got = window_rows(win, window)
-        np.testing.assert_array_equal(got[:, window - grown.shape[1]:], grown)
-        assert not got[:, :window - grown.shape[1]].any()  # empty slots stay zero (masked, not NaN)
+        if used <= window:
+            copy = append_copy(ROWS, window, ROW, used - 1) if align == "left" else slide_copy(ROWS, window, ROW)
+            memcpy2d(buf, as_bytes(present), copy)
+        else:  # promotion: zero the next window, land the present in it
+            window = pick_window(windows, used)
+            buf[:ROWS * window * ROW] = 0
+            memcpy2d(buf, as_bytes(present), land_copy(ROWS, window, ROW, present.shape[1], align))
+        held, empty = in_use(buf, window, used, align)
+        np.testing.assert_array_equal(held, grown)
+        assert not empty.any()  # empty slots stay zero (masked, not NaN)
 
 
-def test_window_mask_right_aligns_the_callers_mask():
+def test_window_sizes_double_up_to_the_longest_cache():
+    assert window_sizes(4096) == (256, 512, 1024, 2048, 4095)
+    assert window_sizes(1280) == (256, 512, 1024, 1279)
+    assert window_sizes(200) == (199,)
+    assert pick_window((4, 8, 15), 5) == 8 and pick_window((4, 8, 15), 16) is None
+
+
+def test_window_mask_places_the_callers_mask():
     mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])  # row 0 left-padded; past 4 + 1 new
-    out = window_mask(mask, 7)
-    assert out.shape == (2, 8)
-    np.testing.assert_array_equal(out[:, 3:], mask)
-    assert not out[:, :3].any()
+    right = window_mask(mask, 7, "right")
+    assert right.shape == (2, 8)
+    np.testing.assert_array_equal(right[:, 3:], mask)
+    assert not right[:, :3].any()
+    left = window_mask(mask, 7, "left")
+    np.testing.assert_array_equal(left[:, :4], mask[:, :4])
+    np.testing.assert_array_equal(left[:, 7], mask[:, 4])
+    assert not left[:, 4:7].any()

@@ -259,13 +259,15 @@ def test_generation_speed_of_an_onnx_runtime_step(artifacts):
 
     _, fp32, _ = artifacts["llama"]
     step = OrtDecoderStep(fp32)
-    spec = GenBenchSpec(batches=(1, 2), prompt=8, new_tokens=4, ttft_prompts=(8, step.max_total + 1), repeats=1)
+    spec = GenBenchSpec(batches=(1, 2), prompt=8, contexts=(24,), new_tokens=4,
+                        ttft_prompts=(8, step.max_total + 1), repeats=1)
     row = measure_step(step, VOCAB, spec)
-    assert [d["batch"] for d in row["decode"]] == [1, 2]
+    assert [(d["batch"], d["context"]) for d in row["decode"]] == [(1, 8), (2, 8), (1, 24), (2, 24)]
     assert all(d["tokens_per_s"] > 0 and d["ms_per_step"] > 0 for d in row["decode"])
     assert list(row["ttft_ms"]) == [8] and row["ttft_ms"][8] > 0
     text = table({"ort fp32": row}, spec, "ort fp32")
-    assert "| ort fp32 |" in text and "1.00x" in text and "decode tok/s b2" in text
+    assert "| ort fp32 |" in text and "1.00x" in text and "decode tok/s b2 ctx 24" in text
+    assert "vs ort fp32 b1" in text and "vs ort fp32 b2" in text
 
 
 def test_load_generator_takes_the_backend_and_options_of_load(artifacts, tmp_path):
@@ -332,3 +334,44 @@ def test_readme_generate_example_runs_offline(tmp_path):
     assert ran == ["finetune", "finetune", "export", "generate"]
     assert r.stdout.strip(), "generate printed nothing"
     assert (tmp_path / "my-llama" / "tokenizer.json").is_file() and (tmp_path / "engines" / "ckpt.fp16.onnx").is_file()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_generate_stats_report_ttft_decode_rate_and_device_time(artifacts, capsys, stream):
+    """`--stats` on ONNX Runtime: TTFT and decode tokens/s measured, no device time on the CPU; in the
+    JSON document (or the stream's last line) and as one text line; the tokens are unchanged."""
+    _, fp32, _ = artifacts["llama"]
+    plain = generate_json(capsys, fp32)
+    extra = ("--stats", "--stream") if stream else ("--stats",)
+    argv = ["generate", str(fp32), *[a for p in PROMPTS for a in ("--prompt", p)],
+            "--max-new-tokens", str(NEW_TOKENS), "--json", *extra]
+    assert cli.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    stats = json.loads(lines[-1])["stats"]
+    if not stream:
+        assert [r["token_ids"] for r in json.loads(lines[-1])["results"]] == [r["token_ids"] for r in plain]
+    longest = max(len(r["token_ids"]) for r in plain)
+    assert stats["batches"] == 1 and stats["decode_steps"] == longest - 1
+    assert stats["ttft_ms"] > 0 and stats["decode_tokens_per_s"] > 0 and stats["device_ms_per_step"] is None
+    assert cli.main([a for a in argv if a != "--json"]) == 0
+    text = capsys.readouterr().out.splitlines()[-1]
+    assert text.startswith("stats: TTFT ") and "tokens/s over" in text and "device time n/a" in text
+
+
+def test_pytorch_generate_is_timed_by_decode_steps_like_the_engines(artifacts):
+    """bench.generate's PyTorch path (here eager on the CPU): decode rows per batch and context from
+    per-step stamps, TTFT per prompt, the same row form as measure_step's."""
+    import torch
+    import transformers
+
+    from trt_seer.bench.generate import GenBenchSpec, hf_generate_rows, table
+
+    ckpt, _, _ = artifacts["llama"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32).eval()
+    model.generation_config.pad_token_id = 0
+    spec = GenBenchSpec(batches=(1, 2), prompt=8, contexts=(8, 16), new_tokens=5, ttft_prompts=(8,), repeats=1)
+    row = hf_generate_rows(model, VOCAB, spec)
+    assert [(d["batch"], d["context"]) for d in row["decode"]] == [(1, 8), (2, 8), (1, 16), (2, 16)]
+    assert all(d["tokens_per_s"] > 0 and d["ms_per_step"] > 0 for d in row["decode"])
+    assert row["ttft_ms"][8] > 0
+    assert "| torch |" in table({"torch": row}, spec, "torch")

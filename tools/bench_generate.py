@@ -1,8 +1,16 @@
-"""Generation speed on a GPU: HF `generate` (eager FP16) against FP16 / INT8 / INT4 decoder engines
-of the same causal LM, in one run; appends the table to docs/BENCHMARKS.md.
+"""Generation speed on a GPU: PyTorch's generate (transformers, FP16: its static cache compiled by
+transformers, and eager) against FP16 / INT8 / INT4 decoder engines of the same causal LM, in one
+run; appends the table to docs/BENCHMARKS.md.
 
-    python tools/bench_generate.py --config llama-1b --work out/gen [--append docs/BENCHMARKS.md]
+    PYTHONPATH=. python tools/bench_generate.py --config llama-1b --work out/gen [--append docs/BENCHMARKS.md]
+    PYTHONPATH=. python tools/bench_generate.py --config llama-1b --contexts 256,3840 --hf none  # cost vs context
     python tools/bench_generate.py --model ckpt/ --work out/gen     # a checkpoint of your own
+
+Every path is timed the same way: greedy decode steps only (`--new-tokens` after a prompt of each of
+`--contexts` tokens, per batch of `--batches`), the prompt step apart (TTFT), first runs and
+compiles untimed (trt_seer/bench/generate.py). Engines are built for `--max-total` (4096) and
+decode in windows of 256, 512, ... tokens (runtime/kv_window.py). `--kernels` adds kernel launches
+per decode step of each engine (torch.profiler, trt_seer/bench/kernels.py).
 
 With --config the model is randomly initialised from a named shape (speed does not depend on the
 weights), exported with its KV cache, converted to FP16, quantized weight-only (INT8 per channel,
@@ -122,7 +130,7 @@ def _cpu_artifacts(ckpt: Path, work: Path, precisions: list[str]) -> None:
             _weight_only(art, fp16, p)
 
 
-def measure_engines(engines: dict[str, Path], spec, variants: list[str]) -> dict[str, dict]:
+def measure_engines(engines: dict[str, Path], spec, variants: list[str], align: str | None) -> dict[str, dict]:
     """One row per engine and runtime variant ("cache:specialization", the first is the default)."""
     from trt_seer.bench.generate import measure_step
     from trt_seer.runtime import cuda
@@ -135,7 +143,7 @@ def measure_engines(engines: dict[str, Path], spec, variants: list[str]) -> dict
             label = f"TensorRT-RTX {precision.upper()} engine" + ("" if i == 0 else f" ({cache} cache, {specialize})")
             cuda.set_device(0)
             free_before = cuda.mem_info()[0]
-            with TensorRTDecoder(path, cache=cache, specialize=specialize) as dec:
+            with TensorRTDecoder(path, cache=cache, specialize=specialize, align=align, windows="ladder") as dec:  # windows warmed
                 used = free_before - cuda.mem_info()[0]
                 rows[label] = {**measure_step(dec, dec.vocab, spec), "memory_bytes": used}
             print(label, json.dumps(rows[label]), flush=True)
@@ -174,20 +182,45 @@ def _kv_dtype(path: Path) -> str:
     return empty_past(past, 1).dtype.name
 
 
-def measure_hf(ckpt: Path, spec) -> dict:
+HF_PATHS = {"compiled": ("PyTorch generate, static cache compiled FP16", {"cache_implementation": "static"}),
+            "eager": ("PyTorch generate, eager FP16", {})}
+
+
+def measure_hf(ckpt: Path, spec, paths: list[str]) -> dict[str, dict]:
+    """transformers' generate on the GPU: its static cache (which transformers compiles) and eager."""
     import torch
     import transformers
 
     from trt_seer.bench.generate import hf_generate_rows
 
-    torch.cuda.reset_peak_memory_stats()
     model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float16).cuda().eval()
-    row = hf_generate_rows(model, model.config.vocab_size, spec)
-    row["memory_bytes"] = torch.cuda.max_memory_allocated()
+    model.generation_config.pad_token_id = 0
+    rows = {}
+    for path in paths:
+        label, kw = HF_PATHS[path]
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        rows[label] = {**hf_generate_rows(model, model.config.vocab_size, spec, **kw),
+                       "memory_bytes": torch.cuda.max_memory_allocated()}
+        print(label, json.dumps(rows[label]), flush=True)
     del model
     torch.cuda.empty_cache()
-    print(json.dumps(row), flush=True)
-    return row
+    return rows
+
+
+def measure_kernels(engines: dict[str, Path], spec, align: str | None) -> str:
+    from trt_seer.bench.kernels import decode_kernels, kernels_text
+    from trt_seer.runtime.decoder_trt import TensorRTDecoder
+
+    parts = []
+    for precision, path in engines.items():
+        with TensorRTDecoder(path, align=align, windows="ladder") as dec:
+            found = []
+            for b in spec.batches:
+                dec.warm_up(b)
+                found.append(decode_kernels(dec, dec.vocab, b, spec.prompt))
+        parts.append(f"Kernels per decode step, {precision.upper()} engine:\n\n{kernels_text(found)}")
+    return "\n\n".join(parts)
 
 
 def _gpu_name() -> str:
@@ -205,15 +238,23 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--config", choices=sorted(CONFIGS))
     src.add_argument("--model", type=Path)
     ap.add_argument("--work", type=Path, default=ROOT / "out" / "gen")
-    ap.add_argument("--precisions", default="fp16,int8,int4")
-    ap.add_argument("--batch", default="1,8,8")
-    ap.add_argument("--seq", default="1,128,1024", help="prompt lengths of the engines' profile")
-    ap.add_argument("--max-total", type=int, default=1280)
+    ap.add_argument("--precisions", default="fp16", help="engines to build and time: fp16,int8,int4")
+    ap.add_argument("--batches", default="1,8", help="batch sizes to time")
+    ap.add_argument("--new-tokens", type=int, default=128, help="decode steps timed per batch and context")
+    ap.add_argument("--contexts", default="128", help="prompt lengths before the timed decode steps; the first is "
+                                                      "the main one (ratios, TTFT rows)")
+    ap.add_argument("--ttft", default="128,1024", help="prompt lengths for time to first token (batch 1)")
+    ap.add_argument("--batch", default=None, help="the engines' batch profile (default 1,max,max of --batches)")
+    ap.add_argument("--seq", default="1,128,4000", help="prompt lengths of the engines' profile")
+    ap.add_argument("--max-total", type=int, default=4096)
     ap.add_argument("--compute-capability", action="append", default=[])
-    ap.add_argument("--variants", default="window:eager,window:none,grow:none",
+    ap.add_argument("--variants", default="window:eager",
                     help="runtime variants per engine, cache:specialization (window|grow : none|lazy|eager); "
                          "the first one is the engine's row")
-    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--hf", default="compiled,eager", help="PyTorch baselines: compiled, eager, both or none; "
+                                                           "the compiled one is the ratios' baseline")
+    ap.add_argument("--no-hf", action="store_true", help="same as --hf none")
+    ap.add_argument("--kernels", action="store_true", help="also profile kernel launches per decode step")
     ap.add_argument("--build-only", action="store_true", help="make the artifacts and engines, measure nothing")
     ap.add_argument("--cpu", action="store_true",
                     help="no GPU: time ONNX Runtime's CPU forms (FP32, Q/DQ and MatMulNBits) instead of engines")
@@ -223,10 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     from trt_seer.bench.generate import GenBenchSpec, table
     from trt_seer.bench.host import machine_text
 
-    spec = GenBenchSpec(price_per_hour=args.price_per_hour)
+    batches = tuple(int(x) for x in args.batches.split(","))
+    contexts = tuple(int(x) for x in args.contexts.split(","))
+    spec = GenBenchSpec(batches=batches, prompt=contexts[0], contexts=contexts, new_tokens=args.new_tokens,
+                        ttft_prompts=tuple(int(x) for x in args.ttft.split(",")), price_per_hour=args.price_per_hour)
     args.work.mkdir(parents=True, exist_ok=True)
     ckpt = random_checkpoint(args.config, args.work / f"{args.config}-random") if args.config else args.model
-    kw = {"batch": [int(x) for x in args.batch.split(",")], "seq": [int(x) for x in args.seq.split(",")],
+    profile = args.batch or f"1,{max(batches)},{max(batches)}"
+    kw = {"batch": [int(x) for x in profile.split(",")], "seq": [int(x) for x in args.seq.split(",")],
           "max_total": args.max_total, "compute_caps": args.compute_capability}
     if args.cpu:
         spec = GenBenchSpec(batches=(1, 4), prompt=64, new_tokens=32, ttft_prompts=(128,), repeats=3,
@@ -238,10 +283,15 @@ def main(argv: list[str] | None = None) -> int:
         engines = artifacts(ckpt, args.work, args.precisions.split(","), kw)
         if args.build_only:
             return 0
-        rows = {} if args.no_hf else {"HF generate, eager FP16": measure_hf(ckpt, spec)}
-        rows.update(measure_engines(engines, spec, args.variants.split(",")))
-        baseline = "TensorRT-RTX FP16 engine" if "fp16" in engines else None
+        hf = [] if args.no_hf or args.hf == "none" else args.hf.split(",")
+        rows = measure_hf(ckpt, spec, hf) if hf else {}
+        # the named shapes are Llamas (full attention); a checkpoint's manifest decides for itself
+        align = "left" if args.config else None
+        rows.update(measure_engines(engines, spec, args.variants.split(","), align))
+        baseline = next(iter(rows))  # the first PyTorch path, else the first engine
     text = table(rows, spec, baseline)
+    if args.kernels and not args.cpu:
+        text += "\n\n" + measure_kernels(engines, spec, "left" if args.config else None)
     print(text)
     (args.work / "bench_generate.json").write_text(json.dumps(rows, indent=1))
     if args.append:
@@ -249,9 +299,10 @@ def main(argv: list[str] | None = None) -> int:
 
         what = f"random init, {args.config} shape" if args.config else str(args.model)
         what += ", ONNX Runtime on the CPU" if args.cpu else ""
-        body = (f"Model: {what}. Decode: greedy, batch x {spec.new_tokens} new tokens after a {spec.prompt}-token "
-                f"prompt, end to end (ids in, logits back, next token chosen on the host). TTFT: one prompt "
-                f"step at batch 1, median of {spec.repeats}. Cost at ${spec.price_per_hour}/hour.\n\n{text}\n")
+        body = (f"Model: {what}. Decode: greedy, batch x {spec.new_tokens} new tokens after a prompt of "
+                f"{' / '.join(map(str, contexts))} tokens, decode steps only (the prompt step apart), end to end (ids "
+                f"in, the next token on the host). Engines: max_total {args.max_total}. TTFT: one prompt step at "
+                f"batch 1, median of {spec.repeats}. Cost at ${spec.price_per_hour}/hour.\n\n{text}\n")
         append_benchmark(args.append, f"Generation speed, {what}", "python " + " ".join(sys.argv),
                          machine_text(None if args.cpu else _gpu_name()), body)
     return 0

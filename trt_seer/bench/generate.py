@@ -5,10 +5,13 @@ Hugging Face `generate` as the reference.
     from trt_seer.bench.generate import GenBenchSpec, measure_step
     rows = measure_step(step, vocab=32000, spec=GenBenchSpec())
 
-Every figure is end to end as a caller sees it: token ids from the host in, logits back on the
-host, the next token chosen on the host (greedy). Decode tokens/s counts `batch x new_tokens`
-tokens over the decode steps after the prompt; TTFT is one prompt step at batch 1 (median of
-`repeats`). Token ids are random: speed does not depend on what the tokens say.
+Every figure is end to end as a caller sees it: token ids from the host in, the next token on the
+host (greedy: the step's `next_tokens` where it has one, else the argmax of its logits). Decode
+tokens/s counts `batch x new_tokens` tokens over the decode steps after a prompt of each of
+`contexts` tokens, the prompt step timed apart; TTFT is one prompt step at batch 1 (median of
+`repeats`). Hugging Face `generate` (eager, or its static cache compiled by transformers) is timed
+the same way: a logits processor stamps the end of every step, so the prompt step and the compile
+are left out. Token ids are random: speed does not depend on what the tokens say.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import numpy as np
 class GenBenchSpec:
     batches: tuple[int, ...] = (1, 8)
     prompt: int = 128  # prompt tokens before the timed decode steps
+    contexts: tuple[int, ...] = ()  # more prompt lengths to decode after (decode cost vs context)
     new_tokens: int = 128
     ttft_prompts: tuple[int, ...] = (128, 1024)
     repeats: int = 3
@@ -41,22 +45,28 @@ def _prompt(rng, batch: int, length: int, vocab: int) -> tuple[np.ndarray, np.nd
     return ids, mask, pos
 
 
-def decode_rate(step, batch: int, spec: GenBenchSpec, vocab: int) -> dict:
-    """Greedy decode of `spec.new_tokens` after a `spec.prompt` prompt: tokens/s and ms per step."""
+def contexts(spec: GenBenchSpec) -> tuple[int, ...]:
+    return (spec.prompt, *[c for c in spec.contexts if c != spec.prompt])
+
+
+def decode_rate(step, batch: int, spec: GenBenchSpec, vocab: int, context: int | None = None) -> dict:
+    """Greedy decode of `spec.new_tokens` after a prompt of `context` (default `spec.prompt`) tokens:
+    tokens/s and ms per step."""
+    context = spec.prompt if context is None else context
     rng = np.random.default_rng(spec.seed)
-    ids, mask, pos = _prompt(rng, batch, spec.prompt, vocab)
+    ids, mask, pos = _prompt(rng, batch, context, vocab)
+    greedy = getattr(step, "next_tokens", None) or (lambda *f: step.step(*f).argmax(axis=-1).astype(np.int64))
     step.reset(batch)
-    logits = step.step(ids, mask, pos)
+    token = greedy(ids, mask, pos)
     device_ms = []
     start = time.perf_counter()
     for t in range(spec.new_tokens):
-        token = logits.argmax(axis=-1).astype(np.int64)[:, None]  # (batch, 1)
-        mask = np.ones((batch, spec.prompt + t + 1), dtype=np.int64)
-        logits = step.step(token, mask, np.full((batch, 1), spec.prompt + t, dtype=np.int64))
+        mask = np.ones((batch, context + t + 1), dtype=np.int64)
+        token = greedy(token[:, None], mask, np.full((batch, 1), context + t, dtype=np.int64))
         if getattr(step, "last_gpu_ms", None) is not None:
             device_ms.append(step.last_gpu_ms)
     seconds = time.perf_counter() - start
-    return {"batch": batch, "tokens_per_s": batch * spec.new_tokens / seconds,
+    return {"batch": batch, "context": context, "tokens_per_s": batch * spec.new_tokens / seconds,
             "ms_per_step": seconds / spec.new_tokens * 1e3,
             "device_ms_per_step": statistics.median(device_ms) if device_ms else None}
 
@@ -78,58 +88,84 @@ def measure_step(step, vocab: int, spec: GenBenchSpec = GenBenchSpec()) -> dict:
     """{"decode": [per batch], "ttft_ms": {prompt: ms}} for one DecoderStep."""
     small = GenBenchSpec(**{**spec.__dict__, "new_tokens": 8})
     decode_rate(step, spec.batches[0], small, vocab)  # warm-up: first-run kernels, allocations
+    for b in spec.batches:  # every cache window's context and graph, before any timing
+        getattr(step, "warm_up", lambda batch: None)(b)
     limit = getattr(step, "max_total", None)
-    out = {"decode": [decode_rate(step, b, spec, vocab) for b in spec.batches], "ttft_ms": {}}
+    out = {"decode": [decode_rate(step, b, spec, vocab, c) for c in contexts(spec) for b in spec.batches],
+           "ttft_ms": {}}
     for p in spec.ttft_prompts:
         if limit is None or p < limit:
             out["ttft_ms"][p] = ttft_ms(step, p, spec, vocab)
     return out
 
 
-def hf_generate_rows(model, vocab: int, spec: GenBenchSpec = GenBenchSpec()) -> dict:
-    """The same figures for Hugging Face `generate` (greedy) on a CUDA model, in the same form."""
+def hf_generate_rows(model, vocab: int, spec: GenBenchSpec = GenBenchSpec(), **generate_kw) -> dict:
+    """The same figures for Hugging Face `generate` (greedy) on a CUDA model, in the same form.
+    `generate_kw`: e.g. cache_implementation="static" (transformers then compiles the step; each
+    new batch and length compiles once, in the untimed first run)."""
     import torch
+    import transformers
 
-    def run(batch: int, prompt: int, new: int) -> float:
-        ids = torch.randint(100, vocab - 1, (batch, prompt), device="cuda")
-        torch.cuda.synchronize()
+    device = model.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    class Stamps(transformers.LogitsProcessor):  # called once per step, after the step's forward
+        def __init__(self):
+            self.times = []
+
+        def __call__(self, input_ids, scores):
+            sync()
+            self.times.append(time.perf_counter())
+            return scores
+
+    def run(batch: int, prompt: int, new: int) -> list[float]:
+        ids = torch.randint(100, vocab - 1, (batch, prompt), device=device)
+        stamps = Stamps()
+        sync()
         start = time.perf_counter()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                             min_new_tokens=new, do_sample=False)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False, logits_processor=[stamps], **generate_kw)
         out.cpu()  # the tokens reach the host, as the engines' do
-        return time.perf_counter() - start
+        return [start, *stamps.times]
 
-    run(spec.batches[0], spec.prompt, 8)
     decode = []
-    for b in spec.batches:
-        total, first = run(b, spec.prompt, spec.new_tokens), run(b, spec.prompt, 1)
-        seconds = max(total - first, 1e-9)  # decode steps only: the prompt step is timed apart
-        decode.append({"batch": b, "tokens_per_s": b * (spec.new_tokens - 1) / seconds,
-                       "ms_per_step": seconds / (spec.new_tokens - 1) * 1e3})
-    ttft = {p: statistics.median(run(1, p, 1) * 1e3 for _ in range(spec.repeats)) for p in spec.ttft_prompts}
+    for c in contexts(spec):
+        for b in spec.batches:
+            run(b, c, spec.new_tokens)  # warm-up (and compile) at this shape
+            times = run(b, c, spec.new_tokens + 1)
+            seconds = times[-1] - times[1]  # decode steps only: from the prompt step's end
+            decode.append({"batch": b, "context": c, "tokens_per_s": b * spec.new_tokens / seconds,
+                           "ms_per_step": seconds / spec.new_tokens * 1e3})
+    ttft = {}
+    for p in spec.ttft_prompts:
+        run(1, p, 1)
+        ttft[p] = statistics.median((lambda t: (t[1] - t[0]) * 1e3)(run(1, p, 1)) for _ in range(spec.repeats))
     return {"decode": decode, "ttft_ms": ttft}
 
 
 def table(rows: dict[str, dict], spec: GenBenchSpec, baseline: str | None = None) -> str:
     """Markdown: one row per path; decode tokens/s per batch, TTFT per prompt, memory, cost."""
-    head = ["Path", *(f"decode tok/s b{b}" for b in spec.batches), f"step ms b{spec.batches[0]} (device)",
+    ctx = contexts(spec)
+    cols = [(b, c) for c in ctx for b in spec.batches]
+    names = [f"decode tok/s b{b}" + (f" ctx {c}" if len(ctx) > 1 else "") for b, c in cols]
+    head = ["Path", *names, f"step ms b{spec.batches[0]} (device)",
             *(f"TTFT {p} ms" for p in spec.ttft_prompts),
             "GPU memory", f"$ / 1M tokens b{spec.batches[-1]}"]
-    if baseline:
-        head.insert(1 + len(spec.batches), f"vs {baseline} b{spec.batches[0]}")
+    if baseline:  # decode tokens/s against the baseline's, per batch at the first context
+        head[1 + len(cols):1 + len(cols)] = [f"vs {baseline} b{b}" for b in spec.batches]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    base = rows.get(baseline, {}).get("decode", [{}])[0].get("tokens_per_s") if baseline else None
+    base = [d["tokens_per_s"] for d in rows[baseline]["decode"]] if baseline in rows else None
     for name, r in rows.items():
-        rates = [d["tokens_per_s"] for d in r["decode"]]
+        rates = [d["tokens_per_s"] for d in r["decode"]]  # in `cols` order
         cells = [name, *(f"{x:,.0f}" for x in rates)]
         if baseline:
-            cells.append(f"{rates[0] / base:.2f}x" if base else "n/a")
+            cells += [f"{rates[i] / base[i]:.2f}x" if base else "n/a" for i in range(len(spec.batches))]
         first = r["decode"][0]
         device = first.get("device_ms_per_step")
         cells.append(f"{first['ms_per_step']:.2f}" + (f" ({device:.2f})" if device is not None else ""))
         cells += [f"{r['ttft_ms'][p]:.1f}" if p in r["ttft_ms"] else "n/a" for p in spec.ttft_prompts]
         mem = r.get("memory_bytes")
         cells.append("n/a" if mem is None else f"{mem / 2**30:.2f} GiB")
-        cells.append(f"{cost_per_million(spec.price_per_hour, rates[-1]):.3g}")
+        cells.append(f"{cost_per_million(spec.price_per_hour, rates[len(spec.batches) - 1]):.3g}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
     python -m trt_seer generate engines/my-llama.fp16.onnx --prompt "Once upon a time" --max-new-tokens 40
     python -m trt_seer generate engines/my-llama.fp16.onnx --prompt "Hi" --temperature 0.8 --top-p 0.9 --seed 0 --stream
+    python -m trt_seer generate engines/my-llama.fp16.engine --prompt "Hi" --stats    # TTFT, tokens/s, device ms
 
 Greedy unless --temperature > 0. Prompts of different lengths run as one left-padded batch.
 """
@@ -31,6 +32,9 @@ def add_parser(subparsers, common):
     g.add_argument("--seed", type=int, default=None, metavar="S", help="seed for reproducible sampling")
     p.add_argument("--json", action="store_true", help="print one JSON document: token ids and text per prompt")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    p.add_argument("--stats", action="store_true",
+                   help="also print time to first token, decode tokens/s and device ms per step (where the "
+                        "backend measures it); with --json, a `stats` object")
     p.add_argument("--tokenizer", metavar="DIR", default=None,
                    help="directory with tokenizer.json (default: the one copied beside the artifact)")
     p.add_argument("--threads", type=int, default=0, metavar="N",
@@ -48,14 +52,33 @@ def run(args) -> int:
     texts = read_texts(args)
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
     generator = load_generator(args.artifact, tokenizer_dir=args.tokenizer, threads=args.threads)
+    timed = None
+    if args.stats:
+        from trt_seer.runtime.gen_stats import TimedStep
+        from trt_seer.runtime.generate import Generator
+
+        timed = TimedStep(generator.step)
+        generator = Generator(timed, generator.decoder, generator.tokenizer)
     if args.stream:
-        return _stream(generator, texts, sampling, args.json)
+        _stream(generator, texts, sampling, args.json)
+        return _print_stats(timed, args.json)
     results = generator.generate(texts, sampling)
     if args.json:
-        print(json.dumps({"artifact": str(args.artifact), "results": [_as_dict(r) for r in results]}))
+        doc = {"artifact": str(args.artifact), "results": [_as_dict(r) for r in results]}
+        print(json.dumps({**doc, "stats": timed.stats()} if timed else doc))
     else:
         for r in results:
             print(f"{r.prompt!r} -> {r.text!r}")
+        _print_stats(timed, False)
+    return 0
+
+
+def _print_stats(timed, as_json: bool) -> int:
+    """After streamed or plain output: one `{"stats": ...}` JSON line, or one text line."""
+    from trt_seer.runtime.gen_stats import stats_text
+
+    if timed is not None:
+        print(json.dumps({"stats": timed.stats()}) if as_json else stats_text(timed.stats()))
     return 0
 
 

@@ -10,13 +10,17 @@ the last position's logits come back. The engine has two optimization profiles (
 `decode` (one token per row) and `prefill` (the prompt on an empty cache), one execution context each.
 
 Two cache layouts (`cache=`):
-- "window" (default): every decode step has the same shapes and addresses. The cache is a window of
-  `max_total - 1` positions per layer; the prompt's keys and values land at its end and the
-  attention mask marks the empty slots. The engine appends the new token (a window + 1 present);
-  one 2-D device copy for all layers drops the oldest slot, so the next step reads the window at the
-  same address again. With fixed shapes and addresses the runtime replays a CUDA graph of the step
-  (TensorRT-RTX captures it once per batch size) instead of enqueueing every kernel from the host.
-  Each step attends over the whole window: `--max-total` sets that cost.
+- "window" (default): a decode step reads a window of fixed size and address, so the runtime replays
+  a CUDA graph of it (TensorRT-RTX captures one per shape) instead of enqueueing every kernel from
+  the host. Windows come in a ladder of sizes (runtime/kv_window.py: 256, 512, ... max_total - 1),
+  each with its own execution context, shapes and addresses, hence its own graph; a sequence steps in
+  the smallest window that holds it and moves up when it outgrows it, so a step attends over about
+  the positions in use. The sequence sits at the window's start and the mask hides the empty slots;
+  after a step one 2-D copy puts the new token's keys and values (one position per layer, row and
+  head) into its slot. That needs full attention: a sliding-window mask reads distances from slot
+  indices. So the layout is left-aligned only when the manifest's `decoder.sliding_window` is null
+  (or at least the largest window); otherwise, and for manifests that do not say, the sequence stays
+  right-aligned and every step slides the whole window (`align=` overrides).
 - "grow": the cache is as long as the sequence so far; two buffers per layer swap roles every step
   (the engine reads one and writes the grown cache into the other). Every step is a new shape, so
   nothing can be replayed: each kernel is launched from the host.
@@ -24,53 +28,23 @@ Two cache layouts (`cache=`):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
-
 import numpy as np
 
 from trt_seer.decoder_io import TOKEN_INPUTS, is_past, present_of
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
+from trt_seer.runtime.kv_window import ALIGNS, append_copy, land_copy, pick_window, slide_copy, window_mask, window_sizes
 from trt_seer.runtime.loader import EngineOptions, load_engine
 
 SMALL_INPUTS = TOKEN_INPUTS
 SPECIALIZE = ("none", "lazy", "eager")
 CACHES = ("window", "grow")
+NEXT_TOKEN = "next_token"  # optional output: the greedy next token per row, [batch, 1] (ArgMax over logits)
 
 
 def _nbytes(shape, dtype) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
-class Copy2D(NamedTuple):
-    """One cudaMemcpy2D: `height` rows of `width` bytes; offsets from the buffers' starts."""
-
-    dst_offset: int
-    dst_pitch: int
-    src_offset: int
-    src_pitch: int
-    width: int
-    height: int
-
-
-def slide_copy(decode: bool, rows: int, window: int, row_bytes: int, seq: int) -> Copy2D:
-    """The copy from the step's `present` output back into the window: `rows` = layers x batch x
-    heads, each `window` positions of `row_bytes` in the window. After a decode step `present` has
-    window + 1 positions per row and the oldest is dropped; after a prompt it has `seq` positions,
-    which go to the end of the (zeroed) window."""
-    w = window * row_bytes
-    if decode:
-        return Copy2D(0, w, row_bytes, w + row_bytes, w, rows)
-    width = seq * row_bytes
-    return Copy2D(w - width, w, 0, width, width, rows)
-
-
-def window_mask(mask: np.ndarray, window: int) -> np.ndarray:
-    """A decode step's [batch, past + 1] mask right-aligned in [batch, window + 1], 0 elsewhere."""
-    out = np.zeros((mask.shape[0], window + 1), np.int64)
-    out[:, window + 1 - mask.shape[1]:] = mask
-    return out
 
 
 class TensorRTDecoder:
@@ -79,14 +53,19 @@ class TensorRTDecoder:
     backend = "tensorrt"
 
     def __init__(self, path: str | Path, options: EngineOptions = EngineOptions(), specialize: str | None = None,
-                 cache: str = "window"):
+                 cache: str = "window", windows: tuple[int, ...] | str | None = None, align: str | None = None):
         """`cache`: "window" or "grow" (module docstring). `specialize`: TensorRT-RTX's
         dynamic-shape kernel specialization for the decode step ("eager", "lazy" or "none"). The
         default is "eager" with the window: its one shape per batch size gets kernels compiled for
         it on the first step (decode throughput against "none": docs/BENCHMARKS.md) and "none"
         when every step is a new shape. Prompts always run
         unspecialized: their lengths vary. CUDA graphs for the decode step are on with the window
-        unless `options.use_cuda_graph` is False."""
+        unless `options.use_cuda_graph` is False. `windows`: the window sizes (default one window of
+        max_total - 1, as before the ladder; "ladder": `kv_window.window_sizes(max_total)`, opt-in until
+        it has been measured on a GPU; the largest is always max_total - 1). `align`: "left" or
+        "right" (module docstring); default from the manifest's `decoder.sliding_window`: left when it
+        says the attention is full (null) or its window is at least the largest, right otherwise,
+        including manifests that do not say."""
         specialize = specialize or ("eager" if cache == "window" else "none")
         if specialize not in SPECIALIZE:
             raise InputError(f"specialize must be one of {', '.join(SPECIALIZE)}, got {specialize!r}")
@@ -110,12 +89,29 @@ class TensorRTDecoder:
         self.max_batch = int(self.manifest["profiles"][0]["batch"][2])
         self.max_total = int(self.decoder["max_total"])
         self.max_prompt = int(self.decoder["max_prompt"])
-        self._contexts = [self._context(i) for i in range(self.engine.num_optimization_profiles)]
+        if windows == "ladder":
+            sizes = window_sizes(self.max_total)
+        else:  # one window of max_total - 1 by default: the ladder is opt-in until measured on a GPU
+            sizes = (self.max_total - 1,) if windows is None else windows
+        self.windows = tuple(sorted({min(int(w), self.max_total - 1) for w in sizes} | {self.max_total - 1}))
+        if self.windows[0] < 1:
+            raise InputError(f"window sizes must be >= 1, got {list(sizes)}")
+        self.align = align or self._align()
+        if self.align not in ALIGNS:
+            raise InputError(f"align must be one of {', '.join(ALIGNS)}, got {align!r}")
+        self._prefill = self._context(1 if self.engine.num_optimization_profiles > 1 else 0, decode=False)
+        self._decode = {}  # window size (or "grow") -> its decode context, made on first use
         self._alloc()
         self.batch, self.past = 0, 0
         self.closed = False
 
     # --- setup -------------------------------------------------------------------------------
+
+    def _align(self) -> str:
+        if "sliding_window" not in self.decoder:  # unknown: a sliding-window mask needs true distances
+            return "right"
+        sliding = int(self.decoder["sliding_window"] or 0)
+        return "right" if 0 < sliding < self.windows[-1] else "left"
 
     def _names(self) -> None:
         trt = self.flavor.trt
@@ -131,18 +127,19 @@ class TensorRTDecoder:
         shape = self.engine.get_tensor_shape(self.past_names[0])
         self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
         self.vocab = int(self.engine.get_tensor_shape("logits")[-1])
+        self.next_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(NEXT_TOKEN))) if NEXT_TOKEN in names else None
 
-    def _context(self, profile: int):
+    def _context(self, profile: int, decode: bool):
         config = self.engine.create_runtime_config() if hasattr(self.engine, "create_runtime_config") else None
         if config is not None:  # the JIT kernels of every context, from and to one file
             self._jit_cache.attach(config)
         graphs = self.options.use_cuda_graph if self.options.use_cuda_graph is not None else self.cache == "window"
-        if config is not None and graphs and profile == 0 and hasattr(config, "cuda_graph_strategy"):
+        if config is not None and graphs and decode and hasattr(config, "cuda_graph_strategy"):
             # the decode step only: a prompt's shape is new almost every time
             config.cuda_graph_strategy = self.flavor.trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
         strategy = getattr(self.flavor.trt, "DynamicShapesKernelSpecializationStrategy", None)
         if config is not None and strategy is not None:
-            chosen = self.specialize if profile == 0 else "none"
+            chosen = self.specialize if decode else "none"
             config.dynamic_shapes_kernel_specialization_strategy = getattr(strategy, chosen.upper())
         ctx = (self.engine.create_execution_context(config) if config is not None
                else self.engine.create_execution_context())
@@ -154,7 +151,7 @@ class TensorRTDecoder:
 
     def _alloc(self) -> None:
         b, t, layers = self.max_batch, self.max_total, len(self.past_names)
-        self.window = t - 1  # cache positions a decode step reads in the "window" layout
+        self.window = None  # the window the next decode step reads ("window" layout)
         self._row = self.head_dim * self.kv_dtype.itemsize  # bytes of one position of one head
         if self.cache == "window":  # [layer][batch][head][window][dim], read by the step; its output
             self._kv = [cuda.DeviceBuffer(layers * b * self.kv_heads * n * self._row) for n in (t - 1, t)]
@@ -163,8 +160,9 @@ class TensorRTDecoder:
             self._kv = [[cuda.DeviceBuffer(kv_bytes) for _ in self.past_names] for _ in range(2)]
         self._small = {n: cuda.HostDeviceBuffer(_nbytes((b, t), np.int64)) for n in SMALL_INPUTS}
         self._logits = cuda.HostDeviceBuffer(_nbytes((b, 1, self.vocab), self.logits_dtype))
+        self._next = None if self.next_dtype is None else cuda.HostDeviceBuffer(_nbytes((b, 1), self.next_dtype))
         self._cur = 0
-        self._bound = None  # (context, batch) whose decode shapes and addresses are set
+        self._bound = {}  # window -> the batch whose decode shapes and addresses its context has
         self.kv_cache_bytes = sum(buf.nbytes for buf in self._buffers())
 
     def _buffers(self) -> list:
@@ -176,21 +174,50 @@ class TensorRTDecoder:
         """Starts a new batch of sequences on an empty cache."""
         if not 1 <= batch <= self.max_batch:
             raise InputError(f"batch {batch} is outside the engine's profile (1..{self.max_batch})")
-        self.batch, self.past, self._cur = int(batch), 0, 0
-        if self.cache == "window":  # empty slots are masked, but must hold numbers, not NaN
-            rows = len(self.past_names) * self.batch * self.kv_heads
-            cuda.memset_async(self._kv[0].device_ptr, 0, rows * self.window * self._row, self.stream)
+        self.batch, self.past, self._cur, self.window = int(batch), 0, 0, None
+
+    def warm_up(self, batch: int) -> None:
+        """Runs one decode step in every window at this batch size (on a zeroed cache), so that each
+        window's context, specialized kernels and CUDA graph exist before the first real sequence
+        reaches it; then starts afresh (`reset`)."""
+        if self.cache != "window":
+            return
+        rows = len(self.past_names) * batch * self.kv_heads
+        for w in self.windows:
+            self.reset(batch)
+            cuda.memset_async(self._kv[0].device_ptr, 0, rows * w * self._row, self.stream)
+            self.window, self.past = w, 1
+            ones = np.ones((batch, 2), np.int64)
+            self.step(np.zeros((batch, 1), np.int64), ones, ones[:, :1])
+        self.reset(batch)
 
     def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
         """Runs the new tokens on the cache; returns the last position's logits [batch, vocab] (float32)."""
+        self._run(input_ids, attention_mask, position_ids, self._logits,
+                  _nbytes((self.batch, 1, self.vocab), self.logits_dtype))
+        logits = self._logits.host_view((self.batch, self.vocab), self.logits_dtype)
+        return logits.astype(np.float32, copy=True)
+
+    def next_tokens(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """As `step`, but returns the greedy next token per row (batch,) int64. With a `next_token`
+        output in the engine (ArgMax over the logits) only the ids come back to the host; without
+        one, the logits do and the argmax runs here."""
+        if self._next is None:
+            return self.step(input_ids, attention_mask, position_ids).argmax(axis=-1).astype(np.int64)
+        self._run(input_ids, attention_mask, position_ids, self._next, self.batch * self.next_dtype.itemsize)
+        return self._next.host_view((self.batch,), self.next_dtype).astype(np.int64)
+
+    def _run(self, input_ids, attention_mask, position_ids, out, out_bytes: int) -> None:
+        """One step on the GPU; copies `out_bytes` of `out` (an output's host-device buffer) back."""
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         seq = self._check(feeds)
         decode = seq == 1 and self.past > 0
-        ctx = self._contexts[0 if decode or len(self._contexts) == 1 else 1]
+        window = self.cache == "window"
+        ctx = self._decode_context(self.window if window else "grow") if decode else self._prefill
         stream = self.stream.handle
-        if self.cache == "window" and decode:
-            feeds["attention_mask"] = window_mask(attention_mask, self.window)
-        rebind = not (self.cache == "window" and decode and self._bound == (id(ctx), self.batch))
+        if window and decode:
+            feeds["attention_mask"] = window_mask(attention_mask, self.window, self.align)
+        rebind = not (window and decode and self._bound.get(self.window) == self.batch)
         for name, value in feeds.items():
             buf = self._small[name]
             np.copyto(buf.host_view(value.shape, np.int64), value, casting="same_kind")
@@ -200,19 +227,19 @@ class TensorRTDecoder:
         if rebind:
             self._bind_cache(ctx, seq, decode)
             ctx.set_tensor_address("logits", self._logits.device_ptr)
+            if self._next is not None:
+                ctx.set_tensor_address(NEXT_TOKEN, self._next.device_ptr)
         self._start.record(stream)
         if not ctx.execute_async_v3(int(stream)):
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
             raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
-        if self.cache == "window":
-            self._slide(seq, decode)
+        if window:
+            self._keep(seq, decode)
         self._end.record(stream)
-        self._logits.d2h_async(stream, _nbytes((self.batch, 1, self.vocab), self.logits_dtype))
+        out.d2h_async(stream, out_bytes)
         self.stream.synchronize()
         self.last_gpu_ms = self._end.elapsed_ms(self._start)
         self._cur, self.past = 1 - self._cur, self.past + seq
-        logits = self._logits.host_view((self.batch, self.vocab), self.logits_dtype)
-        return logits.astype(np.float32, copy=True)
 
     def _bind_cache(self, ctx, seq: int, decode: bool) -> None:
         """Shapes and addresses of the cache inputs and outputs for this step."""
@@ -229,11 +256,30 @@ class TensorRTDecoder:
             self._bind(ctx, past, (self.batch, self.kv_heads, past_len, self.head_dim),
                        self._kv[0].device_ptr + i * per_head * past_len * self._row)
             ctx.set_tensor_address(present, self._kv[1].device_ptr + i * per_head * present_len * self._row)
-        self._bound = (id(ctx), self.batch) if decode else None
+        if decode:
+            self._bound[self.window] = self.batch
 
-    def _slide(self, seq: int, decode: bool) -> None:
-        """Window layout: the step's output back into the window (module docstring)."""
-        c = slide_copy(decode, len(self.past_names) * self.batch * self.kv_heads, self.window, self._row, seq)
+    def _decode_context(self, key):
+        if key not in self._decode:
+            self._decode[key] = self._context(0, decode=True)
+        return self._decode[key]
+
+    def _keep(self, seq: int, decode: bool) -> None:
+        """Window layout: the step's new keys and values into the window, or the whole `present` into
+        the next window when the sequence outgrows this one (module docstring, runtime/kv_window.py)."""
+        rows, used = len(self.past_names) * self.batch * self.kv_heads, self.past + seq
+        if decode and used <= self.window:
+            c = (append_copy(rows, self.window, self._row, self.past) if self.align == "left"
+                 else slide_copy(rows, self.window, self._row))
+            return self._copy(c)
+        target = pick_window(self.windows, used)
+        if target is not None:  # None: the cache is full, no further step is taken
+            # empty slots are masked, but must hold numbers, not NaN
+            cuda.memset_async(self._kv[0].device_ptr, 0, rows * target * self._row, self.stream)
+            self._copy(land_copy(rows, target, self._row, self.window + 1 if decode else seq, self.align))
+        self.window = target
+
+    def _copy(self, c) -> None:
         cuda.copy2d_async(self._kv[0].device_ptr + c.dst_offset, c.dst_pitch, self._kv[1].device_ptr + c.src_offset,
                           c.src_pitch, c.width, c.height, "DeviceToDevice", self.stream)
 
@@ -258,10 +304,10 @@ class TensorRTDecoder:
         if self.past + seq > self.max_total:
             raise InputError(f"sequence of {self.past + seq} tokens exceeds the engine's max total "
                              f"({self.max_total}); rebuild with a larger --max-total")
-        if self.cache == "window" and self.past == 0 and seq > self.window:
+        if self.cache == "window" and self.past == 0 and seq > self.windows[-1]:
             raise InputError(f"prompt of {seq} tokens leaves no room to generate in the engine's max total "
                              f"({self.max_total}); rebuild with a larger --max-total")
-        if self.past > 0 and seq != 1 and len(self._contexts) > 1:
+        if self.past > 0 and seq != 1 and self.engine.num_optimization_profiles > 1:
             raise UnsupportedError("after the prompt, a decoder engine takes one token per row per step")
         return seq
 
@@ -273,9 +319,9 @@ class TensorRTDecoder:
         self.stream.synchronize()
         self.closed = True
         self._jit_cache.save()
-        for buf in (*self._buffers(), *self._small.values(), self._logits):
+        for buf in (*self._buffers(), *self._small.values(), self._logits, *([self._next] if self._next is not None else [])):
             buf.close()
-        self._contexts, self.engine, self._runtime = [], None, None
+        self._prefill, self._decode, self.engine, self._runtime = None, {}, None, None
         for owned in (self._start, self._end, self.stream):
             owned.close()
 

@@ -23,6 +23,7 @@ import numpy as np
 from trt_seer.decoder_io import position_ids
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError
+from trt_seer.runtime.sampling import choose
 
 
 class DecoderStep(Protocol):
@@ -31,6 +32,9 @@ class DecoderStep(Protocol):
     def reset(self, batch: int) -> None: ...  # empty cache (past_seq = 0)
 
     def step(self, input_ids, attention_mask, position_ids) -> np.ndarray: ...  # (batch, vocab) float32
+
+    # optional: `next_tokens(input_ids, attention_mask, position_ids)` -> (batch,) int64, the greedy
+    # next token per row, which greedy generation uses instead of `step` (TensorRTDecoder)
 
 
 @dataclass(frozen=True)
@@ -73,28 +77,6 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndar
     return ids, mask
 
 
-def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> np.ndarray:
-    """Next token per row (batch,) int64 from logits (batch, vocab)."""
-    if sampling.temperature == 0:
-        return np.argmax(logits, axis=-1).astype(np.int64)
-    scores = logits.astype(np.float64) / sampling.temperature
-    if 0 < sampling.top_k < scores.shape[-1]:
-        kth = np.partition(scores, -sampling.top_k, axis=-1)[:, -sampling.top_k][:, None]
-        scores = np.where(scores < kth, -np.inf, scores)
-    order = np.argsort(-scores, axis=-1, kind="stable")  # most likely first
-    probs = np.take_along_axis(scores, order, axis=-1)
-    probs = np.exp(probs - probs[:, :1])
-    probs /= probs.sum(axis=-1, keepdims=True)
-    if sampling.top_p < 1:  # the smallest head whose mass reaches top_p; the first token always kept
-        before = np.cumsum(probs, axis=-1) - probs
-        probs = np.where(before < sampling.top_p, probs, 0.0)
-        probs /= probs.sum(axis=-1, keepdims=True)
-    cdf = np.cumsum(probs, axis=-1)
-    u = rng.random((len(scores), 1)) * cdf[:, -1:]
-    picked = np.minimum((cdf <= u).sum(axis=-1), scores.shape[-1] - 1)
-    return order[np.arange(len(scores)), picked].astype(np.int64)
-
-
 def generate_ids(step: DecoderStep, prompts: list[list[int]], sampling: Sampling, eos_ids: set[int],
                  pad_id: int, rng: np.random.Generator | None = None) -> Iterator[tuple[int, int]]:
     """Yields (row, token id) as each row's tokens are produced; a row ends after an EOS token.
@@ -107,17 +89,24 @@ def generate_ids(step: DecoderStep, prompts: list[list[int]], sampling: Sampling
     rng = rng or np.random.default_rng(sampling.seed)
     eos = np.array(sorted(eos_ids), dtype=np.int64)
     step.reset(len(prompts))
-    logits = step.step(ids, mask, position_ids(mask, ids.shape[1]))
+    greedy_ids = getattr(step, "next_tokens", None) if sampling.temperature == 0 else None
+
+    def next_of(ids, mask, seq):  # the next token per row; greedy on the device where the step can
+        if greedy_ids is not None:
+            return greedy_ids(ids, mask, position_ids(mask, seq))
+        return choose(step.step(ids, mask, position_ids(mask, seq)), sampling, rng)
+
+    chosen = next_of(ids, mask, ids.shape[1])
     done = np.zeros(len(prompts), dtype=bool)
     for t in range(budget):
-        tokens = np.where(done, pad_id, choose(logits, sampling, rng))
+        tokens = np.where(done, pad_id, chosen)
         for row in np.flatnonzero(~done):
             yield int(row), int(tokens[row])
         done |= np.isin(tokens, eos)
         if done.all() or t == budget - 1:
             return
         mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
-        logits = step.step(tokens[:, None], mask, position_ids(mask, 1))
+        chosen = next_of(tokens[:, None], mask, 1)
 
 
 class TextStream:
