@@ -14,7 +14,7 @@ import pytest
 
 from tiny import make_tiny_checkpoint
 from trt_seer.engine import manifest, trt
-from trt_seer.resources import weight_sizes
+from trt_seer.resources import disk_usage, weight_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_trt = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
@@ -30,17 +30,6 @@ def random_checkpoint(shape: str, dest: Path) -> Path:
     return module.write_checkpoint(shape, dest)
 
 
-def du(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_blocks * 512
-            except OSError:
-                pass  # renamed or removed between listing and stat
-    return total
-
-
 def build_polled(*args, out: Path) -> tuple[subprocess.CompletedProcess, int]:
     """`trt-seer build ARGS`, with the disk under `out` sampled every 20 ms from outside: (result, peak)."""
     cmd = [sys.executable, "-m", "trt_seer", "build", *map(str, args), "--out", str(out)]
@@ -50,7 +39,7 @@ def build_polled(*args, out: Path) -> tuple[subprocess.CompletedProcess, int]:
     def poll():
         while proc.poll() is None:
             if out.is_dir():
-                peak[0] = max(peak[0], du(out))
+                peak[0] = max(peak[0], disk_usage(out))
             time.sleep(0.02)
 
     t = threading.Thread(target=poll)

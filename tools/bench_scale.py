@@ -38,18 +38,9 @@ def _tool(name: str):
     return module
 
 
-def du(path: Path) -> int:
-    total = 0
-    for root, _d, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_blocks * 512
-            except OSError:
-                pass  # renamed or removed between listing and stat
-    return total
-
-
 def build(ckpt: Path, out: Path, args) -> dict:
+    from trt_seer.resources import disk_usage
+
     cmd = [sys.executable, "-m", "trt_seer", "build", "--model", str(ckpt), *[f"--{p}" for p in args.precisions],
            "--batch", "1,8,8", "--seq", "1,128,1024", "--max-total", str(args.max_total),
            "--min-agreement", "0", "--max-ppl-increase", "10", "--out", str(out), *(["--no-awq"] if args.no_awq else [])]
@@ -60,7 +51,7 @@ def build(ckpt: Path, out: Path, args) -> dict:
     def poll():
         while proc.poll() is None:
             if out.is_dir():
-                peak[0] = max(peak[0], du(out))
+                peak[0] = max(peak[0], disk_usage(out))
             time.sleep(0.05)
 
     t = threading.Thread(target=poll)

@@ -11,9 +11,7 @@ and onnxruntime load only when a model of theirs does. docs/RUNTIME.md is the co
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import warnings
 from pathlib import Path
 
 from trt_seer.errors import DependencyError, InputError, UnsupportedError
@@ -21,7 +19,6 @@ from trt_seer.runtime.base import Model, Pending
 from trt_seer.runtime.io import IOSpec
 
 __all__ = ["load", "Model", "Pending", "IOSpec", "onnx_sibling", "tensorrt_unavailable_reason"]
-BACKENDS = ("auto", "tensorrt", "onnxruntime")
 CPU_FORMS = {"fp32": "fp32", "fp16": "fp32", "int8": "int8", "int4": "int4"}  # engine precision -> its CPU artifact's
 
 
@@ -77,21 +74,6 @@ def _probe_engine(flavor, device: int) -> str | None:
             f"{gpu.major}.{gpu.minor}): {why}")
 
 
-def _split_options(opts: dict):
-    from trt_seer.runtime.engine import EngineOptions
-    from trt_seer.runtime.ort import OrtOptions
-
-    engine_keys = {f.name for f in dataclasses.fields(EngineOptions)}
-    ort_keys = {f.name for f in dataclasses.fields(OrtOptions)}
-    unknown = sorted(set(opts) - engine_keys - ort_keys)
-    if unknown:
-        raise InputError(f"unknown load option(s) {', '.join(unknown)}; TensorRT takes "
-                         f"{', '.join(sorted(engine_keys))}; ONNX Runtime takes {', '.join(sorted(ort_keys))}")
-    engine = EngineOptions(**{k: v for k, v in opts.items() if k in engine_keys})
-    ort = OrtOptions(**{k: v for k, v in opts.items() if k in ort_keys})
-    return engine, ort
-
-
 def load(path: str | Path, backend: str = "auto", **opts) -> Model:
     """Opens an engine or ONNX artifact.
 
@@ -104,45 +86,13 @@ def load(path: str | Path, backend: str = "auto", **opts) -> Model:
             allows), max_graphs, runtime_cache, verbose) and OrtOptions fields (threads,
             optimization); each backend takes its own.
     """
+    from trt_seer.runtime.backends import runnable, split_options
     from trt_seer.runtime.engine import TensorRTModel
     from trt_seer.runtime.ort import OnnxRuntimeModel
 
-    path = Path(path)
-    if backend not in BACKENDS:
-        raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    engine_opts, ort_opts = _split_options(opts)
-    if path.suffix == ".onnx":
-        if backend == "tensorrt":
-            raise InputError(f"{path.name} is an ONNX graph; build an engine from it "
-                             "(python -m trt_seer build) to run it on TensorRT, or use backend='onnxruntime'")
-        return OnnxRuntimeModel(path, ort_opts)
-    if path.suffix != ".engine":
-        raise InputError(f"{path} is neither a .engine nor a .onnx file")
-    if backend == "onnxruntime":
-        return OnnxRuntimeModel(onnx_sibling(path), ort_opts)
-    if not path.is_file():  # before any TensorRT or CUDA check, which would be blamed instead
-        raise InputError(f"engine not found: {path}")
-    reason = tensorrt_unavailable_reason(engine_opts.device)
-    if reason is None:
-        return TensorRTModel(path, engine_opts)
-    return _fallback(path, backend, reason, ort_opts)
-
-
-def _fallback(path: Path, backend: str, reason: str, ort_opts) -> Model:
-    from trt_seer.runtime.ort import OnnxRuntimeModel
-
-    if backend == "tensorrt":
-        raise DependencyError(f"cannot run {path.name} on TensorRT: {reason}")
-    sibling = onnx_sibling(path)
-    if not sibling.is_file():
-        raise DependencyError(f"cannot run {path.name} on TensorRT ({reason}) and there is no "
-                              f"{sibling.name} beside it to run on ONNX Runtime instead")
-    message = f"running {sibling.name} on ONNX Runtime (CPU) instead of {path.name}: {reason}"
-    damage = engine_damage(path)
-    if damage is not None:
-        message += f"; {damage}"
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
-    return OnnxRuntimeModel(sibling, ort_opts)
+    engine_opts, ort_opts = split_options(opts)
+    chosen, which = runnable(Path(path), backend, engine_opts.device, stacklevel=3)
+    return TensorRTModel(chosen, engine_opts) if which == "tensorrt" else OnnxRuntimeModel(chosen, ort_opts)
 
 
 def engine_damage(path: Path) -> str | None:

@@ -48,6 +48,8 @@ def runnable(path: Path, backend: str, device: int = 0, stacklevel: int = 3) -> 
         raise InputError(f"{path} is neither a .engine nor a .onnx file")
     if backend == "onnxruntime":
         return onnx_sibling(path), "onnxruntime"
+    if not path.is_file():  # before any TensorRT or CUDA check, which would be blamed instead
+        raise InputError(f"engine not found: {path}")
     reason = tensorrt_unavailable_reason(device)
     if reason is None:
         return path, "tensorrt"
@@ -57,7 +59,7 @@ def runnable(path: Path, backend: str, device: int = 0, stacklevel: int = 3) -> 
 def onnx_instead(path: Path, backend: str, reason: str, stacklevel: int = 3) -> Path:
     """The ONNX sibling that runs in place of engine `path`, which no TensorRT runs here (`reason`),
     with a warning; DependencyError when `backend` is "tensorrt" or there is no sibling."""
-    from trt_seer.runtime import onnx_sibling
+    from trt_seer.runtime import engine_damage, onnx_sibling
 
     if backend == "tensorrt":
         raise DependencyError(f"cannot run {path.name} on TensorRT: {reason}")
@@ -66,5 +68,8 @@ def onnx_instead(path: Path, backend: str, reason: str, stacklevel: int = 3) -> 
         raise DependencyError(f"cannot run {path.name} on TensorRT ({reason}) and there is no "
                               f"{sibling.name} beside it to run on ONNX Runtime instead")
     message = f"running {sibling.name} on ONNX Runtime (CPU) instead of {path.name}: {reason}"
+    damage = engine_damage(path)
+    if damage is not None:
+        message += f"; {damage}"
     warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
     return sibling
