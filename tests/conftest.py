@@ -35,3 +35,16 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _trt_seer_logging_restored():
+    """A test that runs the CLI in-process (`main([...])`) configures the `trt_seer` logger as the
+    application does (a stderr handler, no propagation); later tests get it back as a library
+    leaves it."""
+    import logging
+
+    log = logging.getLogger("trt_seer")
+    saved = (list(log.handlers), log.level, log.propagate)
+    yield
+    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]

@@ -117,7 +117,8 @@ def cli(*args, cwd=None, **kw):
 
 
 NOISE = re.compile(r"(\d+%\||it/s\]|step/s|batch/s|point/s|\.\.\.$| up to date|^warning: |^\[TensorRT\] WARNING|"
-                   r"^\S.*Warning: |^\s+warnings\.warn\()")
+                   r"^\S.*Warning: |^\s+warnings\.warn\(|"
+                   r"^plan for |^[+-] *\d+\.\d+ GiB |^peak disk under --out|^peak memory \(estimate\)|^note: |^stage .+: [\d.]+ s, )")
 
 
 def failure_lines(stderr: str) -> list[str]:

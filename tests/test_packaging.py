@@ -101,6 +101,6 @@ def test_wheel_install_builds_int8_from_an_empty_directory(wheel, tmp_path):
     for prec in ("fp16", "int8"):
         assert (engines / f"{NAME}.{prec}.engine").stat().st_size > 0
         assert (engines / f"{NAME}.{prec}.manifest.json").is_file()
-    assert (engines / "calib" / NAME / "calibration.cache").read_text().startswith("TRT-")
+    assert not (engines / "calib").exists()  # weight-only INT8 (the default) calibrates nothing
     leftovers = [p.name for p in engines.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"]
     assert leftovers == []

@@ -45,7 +45,7 @@ def qat_built(lm) -> Path:
     assert main(finetune_args(lm, "qat", "--qat", "int4", "--int4-block", str(BLOCK))) == 0
     if trt.available():
         assert main(["build", "--model", str(lm / "qat"), "--int4", "--int4-block", str(BLOCK), *PROFILE,
-                     "--out", str(lm / "eng")]) == 0
+                     "--keep-intermediates", "--out", str(lm / "eng")]) == 0  # the graphs are inspected
     return lm
 
 

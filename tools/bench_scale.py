@@ -112,10 +112,7 @@ def worked_out(shape: str, args) -> dict:
 
 def _md(shape: str, gpu: str, b: dict, rows: dict, wo: dict, args) -> str:
     f16 = wo["fp16_bytes"]
-    lines = [f"\n## Decoder build at scale: {shape} ({wo['parameters'] / 1e9:.2f}B parameters, random init)\n",
-             f"{time.strftime('%Y-%m-%d')}, {gpu}, 16-core host; `python tools/bench_scale.py --shape {shape} "
-             f"--precisions {','.join(args.precisions)}{' --no-awq' if args.no_awq else ''}`; build command: "
-             f"`{b['cmd']}`.\n",
+    lines = [f"{shape}: {wo['parameters'] / 1e9:.2f}B parameters, random init. Build command: `{b['cmd']}`.\n",
              f"Build: {b['seconds']:.0f} s in all; peak disk under --out {b['peak_disk_bytes'] / GiB:.2f} GiB = "
              f"{b['peak_disk_bytes'] / f16:.2f}x the FP16 weights ({f16 / GiB:.2f} GiB; sampled every 50 ms); "
              f"the plan said {wo['plan']['peak_disk_bytes'] / GiB:.2f} GiB.\n",
@@ -177,13 +174,22 @@ def main() -> None:
         print(p, json.dumps(rows[p]), flush=True)
     from trt_seer.runtime import cuda
 
-    text = _md(args.shape, cuda.device_info(0).name, b, rows,
-               worked_out(args.shape, args), args) + _md_worked(worked, args.max_total)
+    gpu = cuda.device_info(0).name
+    text = _md(args.shape, gpu, b, rows, worked_out(args.shape, args), args) + _md_worked(worked, args.max_total)
     print(text)
     (args.work / f"{args.shape}.json").write_text(json.dumps({"build": b, "engines": rows}, indent=1))
     if args.append:
-        with open(args.append, "a") as f:
-            f.write(text)
+        from trt_seer.bench.report import append_benchmark
+
+        append_benchmark(args.append, f"Decoder build at scale: {args.shape}", "python " + " ".join(sys.argv),
+                         f"{gpu} ({_flavor()}), {os.cpu_count()}-core host", text)
+
+
+def _flavor() -> str:
+    from trt_seer.engine import trt
+
+    flavor = trt.load()
+    return f"{flavor.name} {flavor.version}"
 
 
 if __name__ == "__main__":
