@@ -48,3 +48,19 @@ def _trt_seer_logging_restored():
     saved = (list(log.handlers), log.level, log.propagate)
     yield
     log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The C library and its example program, built once per module (tests/test_capi.py)."""
+    from test_capi import build_library
+
+    return build_library(tmp_path_factory.mktemp("capi"))
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tmp_path_factory):
+    """A tiny BERT exported to ONNX, once per module, for the C ABI tests."""
+    from test_capi import export_tiny_bert
+
+    return export_tiny_bert(tmp_path_factory.mktemp("tinybert"))

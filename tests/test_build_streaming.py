@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from tiny import make_tiny_checkpoint
 from trt_seer.engine import manifest, trt
-from trt_seer.resources import disk_usage, weight_sizes
+from trt_seer.resources import StageMeter, weight_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_trt = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
@@ -33,20 +32,9 @@ def random_checkpoint(shape: str, dest: Path) -> Path:
 def build_polled(*args, out: Path) -> tuple[subprocess.CompletedProcess, int]:
     """`trt-seer build ARGS`, with the disk under `out` sampled every 20 ms from outside: (result, peak)."""
     cmd = [sys.executable, "-m", "trt_seer", "build", *map(str, args), "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    peak = [0]
-
-    def poll():
-        while proc.poll() is None:
-            if out.is_dir():
-                peak[0] = max(peak[0], disk_usage(out))
-            time.sleep(0.02)
-
-    t = threading.Thread(target=poll)
-    t.start()
-    stdout, stderr = proc.communicate(timeout=1500)
-    t.join()
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), peak[0]
+    with StageMeter("build", out, interval=0.02) as meter:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=1500)
+    return r, meter.peak_disk
 
 
 @pytest.fixture(scope="module")

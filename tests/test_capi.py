@@ -51,14 +51,13 @@ def export_tiny_bert(root: Path) -> Path:
     return dest
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    return build_library(tmp_path_factory.mktemp("capi"))
-
-
-@pytest.fixture(scope="module")
-def tiny_onnx(tmp_path_factory):
-    return export_tiny_bert(tmp_path_factory.mktemp("tinybert"))
+CTYPES_STRUCTS = """class Input(c.Structure):
+    _fields_ = [("name", c.c_char_p), ("dtype", c.c_int), ("ndim", c.c_int32),
+                ("shape", c.POINTER(c.c_int64)), ("data", c.c_void_p)]
+class Output(c.Structure):
+    _fields_ = [("name", c.c_char_p), ("data", c.c_void_p), ("capacity_bytes", c.c_size_t),
+                ("dtype", c.c_int), ("ndim", c.c_int32), ("shape", c.c_int64 * 8)]
+"""  # trt_seer.h's input and output structs for ctypes scripts (`import ctypes as c` first)
 
 
 def example_feeds(model, batch: int, seq: int) -> dict:
@@ -258,13 +257,7 @@ def test_an_output_shape_the_inputs_do_not_give_is_read_after_the_run(built, tmp
     script = f"""
 import ctypes as c
 import numpy as np
-class Input(c.Structure):
-    _fields_ = [("name", c.c_char_p), ("dtype", c.c_int), ("ndim", c.c_int32),
-                ("shape", c.POINTER(c.c_int64)), ("data", c.c_void_p)]
-class Output(c.Structure):
-    _fields_ = [("name", c.c_char_p), ("data", c.c_void_p), ("capacity_bytes", c.c_size_t),
-                ("dtype", c.c_int), ("ndim", c.c_int32), ("shape", c.c_int64 * 8)]
-lib = c.CDLL({str(built.library)!r})
+{CTYPES_STRUCTS}lib = c.CDLL({str(built.library)!r})
 lib.trt_seer_last_error.restype = c.c_char_p
 m = c.c_void_p()
 assert lib.trt_seer_open({str(graph).encode()!r}, None, None, c.byref(m)) == 0

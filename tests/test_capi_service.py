@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_capi import (
-    build_library,
-    export_tiny_bert,
+    CTYPES_STRUCTS,
     needs_cc,
     needs_libpython,
     run_example,
@@ -28,16 +27,6 @@ from trt_seer.errors import InputError
 HERE = Path(__file__).resolve().parent
 CC = shutil.which(os.environ.get("CC") or "cc")
 ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=0"}  # the embedded interpreter is never finalized: all "leaks"
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    return build_library(tmp_path_factory.mktemp("capi"))
-
-
-@pytest.fixture(scope="module")
-def tiny_onnx(tmp_path_factory):
-    return export_tiny_bert(tmp_path_factory.mktemp("tinybert"))
 
 
 def asan_works(tmp: Path) -> bool:
@@ -203,13 +192,7 @@ class Recording(bridge.Handle):
             return infer(feeds, outputs=outputs, **kw)
         model.infer = recorded
 bridge.Handle = Recording
-class Input(c.Structure):
-    _fields_ = [("name", c.c_char_p), ("dtype", c.c_int), ("ndim", c.c_int32),
-                ("shape", c.POINTER(c.c_int64)), ("data", c.c_void_p)]
-class Output(c.Structure):
-    _fields_ = [("name", c.c_char_p), ("data", c.c_void_p), ("capacity_bytes", c.c_size_t),
-                ("dtype", c.c_int), ("ndim", c.c_int32), ("shape", c.c_int64 * 8)]
-lib = c.CDLL({str(built.library)!r})
+{CTYPES_STRUCTS}lib = c.CDLL({str(built.library)!r})
 m = c.c_void_p()
 assert lib.trt_seer_open({str(tiny_onnx).encode()!r}, None, None, c.byref(m)) == 0
 ids = np.full((2, 8), 7, np.int64)

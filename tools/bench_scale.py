@@ -22,8 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,28 +37,17 @@ def _tool(name: str):
 
 
 def build(ckpt: Path, out: Path, args) -> dict:
-    from trt_seer.resources import disk_usage
+    from trt_seer.resources import StageMeter
 
     cmd = [sys.executable, "-m", "trt_seer", "build", "--model", str(ckpt), *[f"--{p}" for p in args.precisions],
            "--batch", "1,8,8", "--seq", "1,128,1024", "--max-total", str(args.max_total),
            "--min-agreement", "0", "--max-ppl-increase", "10", "--out", str(out), *(["--no-awq"] if args.no_awq else [])]
     print(" ".join(cmd), flush=True)
-    peak, start = [0], time.perf_counter()
-    proc = subprocess.Popen(cmd, env={**os.environ, "TQDM_DISABLE": "1"})
-
-    def poll():
-        while proc.poll() is None:
-            if out.is_dir():
-                peak[0] = max(peak[0], disk_usage(out))
-            time.sleep(0.05)
-
-    t = threading.Thread(target=poll)
-    t.start()
-    rc = proc.wait()
-    t.join()
+    with StageMeter("build", out, interval=0.05) as meter:  # disk under --out, sampled from outside
+        rc = subprocess.run(cmd, env={**os.environ, "TQDM_DISABLE": "1"}).returncode
     if rc != 0:
         sys.exit(f"build failed with exit code {rc}")
-    return {"seconds": time.perf_counter() - start, "peak_disk_bytes": peak[0], "cmd": " ".join(cmd[1:])}
+    return {"seconds": meter.seconds, "peak_disk_bytes": meter.peak_disk, "cmd": " ".join(cmd[1:])}
 
 
 def decode(engine: Path, batches=(1, 8)) -> dict:

@@ -92,7 +92,8 @@ def build(request: BuildRequest) -> BuildResult:
         from trt_seer.decoder_build import build_decoder as run
     else:
         from trt_seer.encoder_build import build_encoder as run
-    result = run(info, replace(request, out=out), chosen, plan)
+    manifests, stages = run(info, replace(request, out=out), chosen)
+    result = BuildResult(manifests, plan, stages)
     _stamp(request, result, info)
     return result
 

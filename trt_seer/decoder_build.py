@@ -63,8 +63,8 @@ def plan_decoder(sizes: resources.WeightSizes, chosen: list[str], quant, keep: b
     return plan
 
 
-def build_decoder(info, request, chosen: list[str], plan):
-    from trt_seer.build import BuildResult
+def build_decoder(info, request, chosen: list[str]) -> tuple[dict, list]:
+    """({precision: engine manifest}, the stages' figures)."""
     from trt_seer.encoder_build import report
 
     art, keep = Artifacts(request.out, info.name), request.keep_intermediates
@@ -87,7 +87,7 @@ def build_decoder(info, request, chosen: list[str], plan):
         manifests[p].pop("_rebuilt", None)
     if todo:
         _weight_only_benefit(art, [f"int{b}" for b in todo])
-    return BuildResult(manifests, plan, stages.records)
+    return manifests, stages.records
 
 
 def _engine(stages, art: Artifacts, record: dict, spec, force: bool) -> dict:

@@ -28,9 +28,8 @@ def plan_encoder(sizes: resources.WeightSizes, chosen: list[str]) -> resources.P
     return plan
 
 
-def build_encoder(info, request, chosen: list[str], plan):
-    from trt_seer.build import BuildResult
-
+def build_encoder(info, request, chosen: list[str]) -> tuple[dict, list]:
+    """({precision: engine manifest}, the stages' figures)."""
     art, force = Artifacts(request.out, info.name), request.force
     quant = request.quant_spec()
     stages = resources.Stages(request.out)
@@ -52,7 +51,7 @@ def build_encoder(info, request, chosen: list[str], plan):
         report(art, p, manifests[p], rebuilt)
     if "int8" in chosen:
         _int8_benefit(art)
-    return BuildResult(manifests, plan, stages.records)
+    return manifests, stages.records
 
 
 def report(art: Artifacts, precision: str, data: dict, rebuilt: bool) -> None:

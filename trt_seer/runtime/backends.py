@@ -1,5 +1,6 @@
 """Which backend runs an artifact, for `load` (models) and `load_generator` (decoders): the load
-options split between the backends and the ONNX Runtime fallback for an engine no TensorRT runs.
+options split between the backends, whether a TensorRT runs engines here, and the ONNX Runtime
+fallback (the engine's ONNX sibling) for an engine none runs.
 
     from trt_seer.runtime.backends import runnable, split_options
     engine_opts, ort_opts = split_options({"device": 0, "threads": 4})
@@ -8,10 +9,11 @@ options split between the backends and the ONNX Runtime fallback for an engine n
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from pathlib import Path
 
-from trt_seer.errors import DependencyError, InputError
+from trt_seer.errors import DependencyError, InputError, UnsupportedError
 
 BACKENDS = ("auto", "tensorrt", "onnxruntime")
 
@@ -35,8 +37,6 @@ def split_options(opts: dict):
 def runnable(path: Path, backend: str, device: int = 0, stacklevel: int = 3) -> tuple[Path, str]:
     """(the file to open, "tensorrt" or "onnxruntime") for artifact `path` and `backend` ("auto":
     TensorRT for an engine where it runs on `device`, else the engine's ONNX sibling, with a warning)."""
-    from trt_seer.runtime import onnx_sibling, tensorrt_unavailable_reason
-
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if path.suffix == ".onnx":
@@ -59,8 +59,6 @@ def runnable(path: Path, backend: str, device: int = 0, stacklevel: int = 3) -> 
 def onnx_instead(path: Path, backend: str, reason: str, stacklevel: int = 3) -> Path:
     """The ONNX sibling that runs in place of engine `path`, which no TensorRT runs here (`reason`),
     with a warning; DependencyError when `backend` is "tensorrt" or there is no sibling."""
-    from trt_seer.runtime import engine_damage, onnx_sibling
-
     if backend == "tensorrt":
         raise DependencyError(f"cannot run {path.name} on TensorRT: {reason}")
     sibling = onnx_sibling(path)
@@ -73,3 +71,79 @@ def onnx_instead(path: Path, backend: str, reason: str, stacklevel: int = 3) -> 
         message += f"; {damage}"
     warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
     return sibling
+
+
+CPU_FORMS = {"fp32": "fp32", "fp16": "fp32", "int8": "int8", "int4": "int4"}  # engine precision -> its CPU artifact's
+
+
+def onnx_sibling(engine_path: Path) -> Path:
+    """The ONNX graph ONNX Runtime's CPU provider runs in an engine's place: the fast CPU form
+    `build` writes beside it when there is one, else the graph the engine was built from.
+
+    `x.int8.engine` -> `x.int8.cpu.onnx` (dynamic INT8 on the fused graph; a decoder's MatMulNBits
+    form, as `x.int4.engine` -> `x.int4.cpu.onnx`), `x.fp32.engine` and
+    `x.fp16.engine` -> `x.fp32.cpu.onnx` (fused FP32: faster on the CPU than the FP16-typed graph,
+    which runs no faster than the plain FP32 one there, and exact); else `x.<precision>.onnx`."""
+    engine_path = Path(engine_path)
+    stem = engine_path.name.removesuffix(".engine")
+    name, _, precision = stem.rpartition(".")
+    cpu_form = CPU_FORMS.get(precision)
+    cpu = engine_path.with_name(f"{name}.{cpu_form}.cpu.onnx") if name and cpu_form else None
+    return cpu if cpu is not None and cpu.is_file() else engine_path.with_name(stem + ".onnx")
+
+
+def tensorrt_unavailable_reason(device: int = 0) -> str | None:
+    """None when a TensorRT flavor imports and runs engines on CUDA GPU `device`; else why not.
+    TensorRT itself decides: a one-layer engine is built and deserialized once per process."""
+    from trt_seer.engine import trt
+    import trt_seer.runtime.cuda as cuda
+
+    try:
+        flavor = trt.load()
+    except (DependencyError, UnsupportedError) as e:
+        return str(e)
+    reason = cuda.gpu_unavailable_reason(device)
+    if reason is not None:
+        return reason
+    return _probe_engine(flavor, device)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_engine(flavor, device: int) -> str | None:
+    from trt_seer.engine import trt
+    import trt_seer.runtime.cuda as cuda
+
+    t, logger = flavor.trt, trt.logger(flavor)
+    builder = t.Builder(logger)
+    network = trt.strongly_typed_network(flavor, builder)
+    x = network.add_input("x", t.float32, (1, 4))
+    network.mark_output(network.add_identity(x).get_output(0))
+    blob = builder.build_serialized_network(network, builder.create_builder_config())
+    engine = None if blob is None else t.Runtime(logger).deserialize_cuda_engine(blob)
+    if engine is not None:
+        return None
+    gpu = cuda.device_info(device)
+    why = logger.errors[-1].splitlines()[0] if logger.errors else "no reason logged"
+    return (f"{flavor.name} {flavor.version} does not run engines on {gpu.name} (compute capability "
+            f"{gpu.major}.{gpu.minor}): {why}")
+
+
+def engine_damage(path: Path) -> str | None:
+    """Why the engine file is not the one its manifest describes (size, then sha256), or None
+    (also when there is no manifest to compare with). Checked on the fallback, where TensorRT never
+    reads the file, so a damaged engine is not mistaken for a good one that only lacks a GPU."""
+    from trt_seer.engine import manifest
+    from trt_seer.files import sha256_file
+
+    try:
+        record = manifest.read_if_exists(manifest.engine_manifest_path(path))
+    except InputError as e:
+        return f"its manifest is unusable ({e})"
+    described = (record or {}).get("engine") or {}
+    size = path.stat().st_size
+    if described.get("size_bytes") not in (None, size):
+        return (f"{path.name} is damaged: {size} bytes, its manifest says {described['size_bytes']}; "
+                "rebuild it with python -m trt_seer build")
+    if described.get("sha256") and described["sha256"] != sha256_file(path):
+        return f"{path.name} is damaged: its sha256 differs from its manifest's; rebuild it with python -m trt_seer build"
+    return None
