@@ -25,6 +25,7 @@ from test_capi import (
 from trt_seer.errors import InputError
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 CC = shutil.which(os.environ.get("CC") or "cc")
 ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=0"}  # the embedded interpreter is never finalized: all "leaks"
 
@@ -225,3 +226,27 @@ def test_bench_capi_compares_c_and_python_asking_for_the_same_output(tiny_onnx, 
     section = md.read_text()
     assert "## C ABI vs Python infer, tiny.fp32.onnx on onnxruntime, only sentence_embedding" in section
     assert "- Command: `PYTHONPATH=. python tools/bench_capi.py " in section
+
+
+@needs_cc
+@needs_libpython
+def test_a_sitecustomize_on_the_builds_path_runs_in_the_embedded_python(tiny_onnx, tmp_path):
+    """A start-up hook that the building interpreter ran from PYTHONPATH (as a site's GPU or
+    proxy setup does) runs in the isolated embedded interpreter too, ahead of any other."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, pathlib\n"
+        "if os.environ.get('HOOK_MARK'):\n"
+        "    pathlib.Path(os.environ['HOOK_MARK']).write_text('ran')\n")
+    out = tmp_path / "lib"
+    r = subprocess.run([sys.executable, "-m", "trt_seer.capi.build", "--out", str(out), "--example"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT)])})
+    assert r.returncode == 0, r.stderr
+    mark = tmp_path / "mark"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([str(out / "trt_seer_example"), str(tiny_onnx), "--options", '{"threads": 1}'],
+                         capture_output=True, text=True, timeout=300, env={**env, "HOOK_MARK": str(mark)})
+    assert run.returncode == 0, run.stderr
+    assert mark.read_text() == "ran"

@@ -64,8 +64,10 @@ def write_tokenizer(dest: Path, vocab: int) -> None:
         {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "tokenizer_class": "PreTrainedTokenizerFast"}))
 
 
-def write_checkpoint(shape: str, dest: Path, shard_gb: float = 2.0, seed: int = 0) -> Path:
-    """Writes the checkpoint shard by shard; returns `dest`. An existing one is kept."""
+def write_checkpoint(shape: str, dest: Path, shard_gb: float = 2.0, seed: int = 0, device: str = "cpu") -> Path:
+    """Writes the checkpoint shard by shard; returns `dest`. An existing one is kept. `device`
+    "cuda" draws the values on the GPU (a 7B shape in seconds rather than a minute; other values
+    than the CPU's for the same seed)."""
     import torch
     from safetensors.torch import save_file
     from tqdm import tqdm
@@ -75,7 +77,7 @@ def write_checkpoint(shape: str, dest: Path, shard_gb: float = 2.0, seed: int = 
         return dest
     dest.mkdir(parents=True, exist_ok=True)
     config = config_for(shape)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     names, current, size, limit, total = [], {}, 0, int(shard_gb * 2**30), 0
     weight_map = {}
 
@@ -86,7 +88,7 @@ def write_checkpoint(shape: str, dest: Path, shard_gb: float = 2.0, seed: int = 
 
     for name, s in tqdm(tensor_shapes(config).items(), desc=f"random {shape}", unit="tensor"):
         t = torch.ones(s, dtype=torch.float16) if len(s) == 1 else \
-            (torch.randn(s, generator=gen, dtype=torch.float32) * 0.02).to(torch.float16)
+            (torch.randn(s, generator=gen, dtype=torch.float32, device=device) * 0.02).to(torch.float16).cpu()
         current[name] = t
         size += t.numel() * 2
         total += t.numel() * 2
@@ -114,6 +116,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES))
     ap.add_argument("--dest", type=Path)
     ap.add_argument("--shard-gb", type=float, default=2.0)
+    ap.add_argument("--device", default="cpu", help="where the random values are drawn: cpu or cuda")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args()
     if args.list or not args.shape:
@@ -121,7 +124,7 @@ def main() -> None:
             n = sum(int(__import__("math").prod(s)) for s in tensor_shapes(config_for(k)).values())
             print(f"{k:12s} {n / 1e9:6.2f}B parameters  {v}")
         return
-    print(write_checkpoint(args.shape, args.dest, args.shard_gb))
+    print(write_checkpoint(args.shape, args.dest, args.shard_gb, device=args.device))
 
 
 if __name__ == "__main__":

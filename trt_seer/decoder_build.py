@@ -162,7 +162,7 @@ def _weight_only(info, art: Artifacts, request, fp16: dict, todo: list[int], sta
         graph = None
     for bits in pending:
         source = decoder_stage.DecoderSource(
-            fp16=fp16, load=intermediates.fp16_loader(art, fp16, info.path), graph=graph,
+            fp16=fp16, weights=intermediates.FP16Weights(art, fp16, info.path), graph=graph,
             rows=gpu.metric_rows if gpu else rows, reference=ref,
             evaluate=gpu.evaluator(fp16, bits) if gpu else None, awq_stats=stats,
             measured_on=measured_on)
@@ -201,7 +201,8 @@ def _reference(info, art: Artifacts, fp16: dict, rows, gpu):
     if not fp16.get("removed"):
         return teacher.teacher_forced_logits(art.path("fp16.onnx"), rows)
     with tempfile.TemporaryDirectory(prefix=".fp16-reference-", dir=art.out) as tmp:
-        graph = onnxio.save(intermediates.fp16_loader(art, fp16, info.path)(), Path(tmp) / "fp16.onnx")
+        graph = onnxio.save(intermediates.FP16Weights(art, fp16, info.path).whole(), Path(tmp) / "fp16.onnx",
+                            give_back=False)
         return teacher.teacher_forced_logits(graph, rows)
 
 

@@ -2,7 +2,8 @@
 FP16 model read back without them.
 
     rec = release_fp16_weights(art, fp16_record)    # fp16.onnx -> fp16.skeleton.onnx (no weights)
-    model = fp16_loader(art, rec)()                 # the FP16 graph again, weights from the checkpoint
+    src = FP16Weights(art, rec, ckpt)               # the skeleton, and its weights one by one
+    model = src.whole()                             # the FP16 graph again, weights from the checkpoint
     remove_graph(art, "int4")                       # int4.onnx (+ .data) gone, its record marked
 
 A record outlives its graph: it keeps the graph's hash (the engine's cache key is made from it)
@@ -81,12 +82,32 @@ def fp16_available(art: Artifacts, record: dict | None) -> bool:
     return art.path("fp16.onnx").is_file()
 
 
-def fp16_loader(art: Artifacts, record: dict, ckpt: Path):
-    """A callable giving a fresh FP16 onnx.ModelProto: the graph while it is on disk, else the
-    skeleton with its weights read tensor by tensor from the checkpoint."""
-    if not record.get("removed"):
-        return lambda: onnxio.load(art.path("fp16.onnx"))
-    from trt_seer.export.weights import CheckpointTensors, materialize
+class FP16Weights:
+    """The FP16 graph a weight-only stage quantizes, never whole in memory once its weights were
+    released: `structure()` is the graph (while on disk) or its weightless skeleton, `read(name)`
+    one weight from the checkpoint (None for a value the structure holds itself), `fill(model)`
+    the skeleton's remaining weights read in, `whole()` the complete FP16 graph."""
 
-    tensors = CheckpointTensors(ckpt)
-    return lambda: materialize(onnxio.load(skeleton_path(art)), record["weights_from_checkpoint"], tensors)
+    def __init__(self, art: Artifacts, record: dict, ckpt: Path):
+        from trt_seer.export.weights import CheckpointTensors
+
+        self.removed = bool(record.get("removed"))
+        self.path = skeleton_path(art) if self.removed else art.path("fp16.onnx")
+        self.wmap = (record.get("weights_from_checkpoint") or {}) if self.removed else {}
+        self.tensors = CheckpointTensors(ckpt) if self.removed else None
+
+    def structure(self):
+        return onnxio.load(self.path)
+
+    def read(self, name: str):
+        from trt_seer.export.weights import checkpoint_weight
+
+        return checkpoint_weight(self.wmap[name], self.tensors) if name in self.wmap else None
+
+    def fill(self, model):
+        from trt_seer.export.weights import materialize
+
+        return materialize(model, self.wmap, self.tensors) if self.wmap else model
+
+    def whole(self):
+        return self.fill(self.structure())

@@ -151,7 +151,7 @@ def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tupl
             current = manifest.read(manifest.engine_manifest_path(engine_path))
         return current, False
     log.info("building the %s engine with %s ...", spec.precision, trt_adapter.load().name)
-    built = engine_from_onnx(onnx_path, engine_path, spec, art.path("timing.cache"), extra)
+    built = engine_from_onnx(onnx_path, engine_path, spec, art.path("timing.cache"), extra, onnx_record["sha256"])
     return built, True
 
 

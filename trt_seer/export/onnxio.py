@@ -50,16 +50,18 @@ def staged(dest: Path):
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def save(model, dest: Path) -> Path:
-    """Saves an onnx.ModelProto atomically; weights go to `<dest>.data` when the model is large."""
+def save(model, dest: Path, give_back: bool = True) -> Path:
+    """Saves an onnx.ModelProto atomically; weights go to `<dest>.data` when the model is large.
+    save_model moves them out of `model`; `give_back` reads them in again (the caller keeps a whole
+    model), else `model` is left without them (a caller that is done with it saves the memory)."""
     import onnx
 
     with staged(dest) as tmp:
         if too_large(model):
             onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
                             location=data_path(dest).name, size_threshold=1024)
-            # save_model moved the weights out of `model`; give the caller its model back whole
-            onnx.external_data_helper.load_external_data_for_model(model, str(tmp.parent))
+            if give_back:
+                onnx.external_data_helper.load_external_data_for_model(model, str(tmp.parent))
         else:
             onnx.save_model(model, tmp)
     return Path(dest)

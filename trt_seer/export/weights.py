@@ -99,14 +99,17 @@ class CheckpointTensors:
         self.ckpt = Path(ckpt)
         self.files = _tensor_files(self.ckpt)
 
-    def get(self, name: str) -> np.ndarray:
+    def get(self, name: str, transposed: bool = False) -> np.ndarray:
+        """The tensor as float16 (transposed: its 2-D transpose, made contiguous by PyTorch on
+        every core)."""
         import torch
         from safetensors import safe_open
 
         if name not in self.files:
             raise InputError(f"tensor {name} is not in the checkpoint {self.ckpt} (was it changed since the export?)")
         with safe_open(str(self.files[name]), framework="pt") as f:
-            return f.get_tensor(name).to(torch.float16).numpy()
+            t = f.get_tensor(name).to(torch.float16)
+        return (t.T.contiguous() if transposed else t).numpy()
 
 
 def _tensor_files(ckpt: Path) -> dict[str, Path]:
@@ -127,19 +130,23 @@ def streamable(ckpt: Path) -> bool:
     return any(Path(ckpt).glob("*.safetensors"))
 
 
+def checkpoint_weight(entry: dict, tensors: CheckpointTensors) -> np.ndarray:
+    """The initializer a weight-map entry describes, read from the checkpoint (transposed as
+    stored in the graph); InputError when the tensor no longer matches its fingerprint."""
+    a = tensors.get(entry["tensor"], bool(entry["transposed"]))
+    if fingerprint(a) != entry["fingerprint"]:
+        raise InputError(f"checkpoint tensor {entry['tensor']} changed since the graph was exported; "
+                         "rebuild with --force")
+    return a
+
+
 def materialize(skeleton, wmap: dict, tensors: CheckpointTensors):
     """`skeleton` (a weightless graph, modified in place and returned) with every mapped weight
-    read from the checkpoint; InputError when a tensor no longer matches its fingerprint."""
+    it still holds read from the checkpoint; InputError when a tensor no longer matches its
+    fingerprint."""
     from onnx import numpy_helper
 
     for t in skeleton.graph.initializer:
-        if t.name not in wmap:
-            continue
-        m = wmap[t.name]
-        a = tensors.get(m["tensor"])
-        a = np.ascontiguousarray(a.T if m["transposed"] else a)
-        if fingerprint(a) != m["fingerprint"]:
-            raise InputError(f"checkpoint tensor {m['tensor']} changed since the graph was exported; "
-                             "rebuild with --force")
-        t.CopyFrom(numpy_helper.from_array(a, t.name))
+        if t.name in wmap:
+            t.CopyFrom(numpy_helper.from_array(checkpoint_weight(wmap[t.name], tensors), t.name))
     return skeleton

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -90,14 +90,15 @@ def _key(fp16: dict, quant: QuantStageSpec, spec: WeightOnlySpec, gate: DecoderG
 class DecoderSource:
     """What the weight-only stage takes from its caller (it never calls the pipeline back).
 
-    fp16: the FP16 graph's record. load: a fresh FP16 onnx.ModelProto on each call. graph: the
+    fp16: the FP16 graph's record. weights: its structure and weights (intermediates.FP16Weights:
+    `structure()`, `read(name)`, `fill(model)`, `whole()`), so no stage holds it whole. graph: the
     FP16 graph file while its weights are still on disk (AWQ statistics, per-layer ranking), else
     None. reference: teacher-forced FP16 logits of `rows` (what candidates are gated against).
     evaluate: a candidate graph's teacher-forced logits of `rows`, default ONNX Runtime on the CPU;
     measured_on says what evaluate and reference ran on."""
 
     fp16: dict
-    load: Callable
+    weights: Any
     graph: Path | None
     rows: np.ndarray
     reference: np.ndarray
@@ -178,9 +179,9 @@ def awq_statistics(graph: Path, targets: list, batches: list[dict]) -> dict:
     return awq.activation_stats(graph, batches, names)
 
 
-def awq_scales(stats: dict, fp16_model, targets: list, spec: WeightOnlySpec):
-    """{FP16 activation tensor: s} where AWQ beats round-to-nearest, and a per-activation report."""
-    from onnx import numpy_helper
+def awq_scales(stats: dict, fp16_model, targets: list, spec: WeightOnlySpec, read=lambda name: None):
+    """{FP16 activation tensor: s} where AWQ beats round-to-nearest, and a per-activation report
+    (`read`: weights the graph holds no value for, as weight_only_model takes it)."""
     from tqdm import tqdm
 
     from trt_seer.quantize import awq
@@ -192,7 +193,7 @@ def awq_scales(stats: dict, fp16_model, targets: list, spec: WeightOnlySpec):
     inits = {i.name: i for i in fp16_model.graph.initializer}
     scales, report = {}, []
     for x, group in tqdm(groups.items(), desc="AWQ scale search", unit="activation"):
-        weights = [numpy_helper.to_array(inits[t.weight]).astype(np.float32) for t in group]
+        weights = [_value(inits[t.weight], read).astype(np.float32) for t in group]
         c = awq.search(stats[names[x]], weights, spec)
         if c.alpha > 0:
             scales[x] = c.s
@@ -211,14 +212,15 @@ def measured_on_cpu(path: Path) -> str:
     return f"ONNX Runtime {onnxruntime.__version__} CPU, teacher-forced, {how}, against the FP16 graph"
 
 
-def _write(load: Callable, dest: Path, spec: WeightOnlySpec, scales: dict, exclude: frozenset) -> int:
+def _write(weights, dest: Path, spec: WeightOnlySpec, scales: dict, exclude: frozenset) -> int:
+    """The weight-only graph, its GEMM weights read, quantized and dropped one at a time."""
     from trt_seer.quantize import weightonly
 
-    model = load()
+    model = weights.structure()
     s = WeightOnlySpec(spec.bits, spec.block_size, spec.lm_head, exclude)
     targets = weightonly.find_targets(model, s)
-    weightonly.weight_only_model(model, targets, s, scales)
-    onnxio.save(model, dest)
+    weightonly.weight_only_model(model, targets, s, scales, read=weights.read)
+    onnxio.save(weights.fill(model), dest, give_back=False)
     return len(targets)
 
 
@@ -230,13 +232,13 @@ def quantize_and_gate(info: ModelInfo, art: records.Artifacts, quant: QuantStage
     from trt_seer.quantize import weightonly
 
     dest = art.path(f"int{spec.bits}.onnx")
-    model16 = source.load()
+    model16 = source.weights.structure()  # names and shapes; weights are read one at a time
     targets = weightonly.find_targets(model16, spec)
     scales, awq_report = _awq(quant, spec, qat, source, model16, targets, cd)
     summary = _quantization(model16, spec, len(targets), frozenset(), awq_report)
-    del model16  # each write loads its own copy: never two FP16 models in memory
+    del model16
     excluded, metrics, fails, table_rows = gate_mod.fallback(
-        lambda ex: _write(source.load, dest, spec, scales, ex),
+        lambda ex: _write(source.weights, dest, spec, scales, ex),
         lambda: teacher.lm_metrics(source.reference, source.logits(dest), source.rows), gate, info.task,
         lambda: _rank(source, dest, cd, targets, spec), f"INT{spec.bits}")
     table = gate_mod.table(table_rows, f"INT{spec.bits}")
@@ -269,7 +271,7 @@ def _awq(quant, spec, qat, source: DecoderSource, model16, targets, cd) -> tuple
                                     "rerun with --force or --no-awq")
         stats = awq_statistics(source.graph, targets, prefill_batches(source.graph, cd.calib))
     log.info("searching AWQ scales for %d GEMMs ...", len(targets))
-    return awq_scales(stats, model16, targets, spec)
+    return awq_scales(stats, model16, targets, spec, source.weights.read)
 
 
 def _rank(source: DecoderSource, dest: Path, cd, targets: list, spec: WeightOnlySpec) -> list[str]:
@@ -281,20 +283,22 @@ def _rank(source: DecoderSource, dest: Path, cd, targets: list, spec: WeightOnly
     from trt_seer.quantize import weightonly
 
     log.info("ranking GEMMs by the relative error of their quantized weights (the FP16 graph's weights were removed)")
-    model = source.load()
+    model = source.weights.structure()
     inits = {t.name: t for t in model.graph.initializer}
     errors = {}
     for t in targets:
-        w = _array(inits[t.weight]).astype(np.float32)
+        w = _value(inits[t.weight], source.weights.read).astype(np.float32)
         d = weightonly.fake_quant(w, spec.bits, spec.block_size) - w
         errors[t.node] = float(np.sum(d * d) / max(float(np.sum(w * w)), 1e-30))
     return sorted(errors, key=lambda n: -errors[n])
 
 
-def _array(t) -> np.ndarray:
+def _value(t, read) -> np.ndarray:
+    """An initializer's value: `read` from the checkpoint where the graph holds none."""
     from onnx import numpy_helper
 
-    return numpy_helper.to_array(t)
+    a = read(t.name)
+    return numpy_helper.to_array(t) if a is None else a
 
 
 def _quantization(model16, spec: WeightOnlySpec, n_targets: int, excluded: frozenset, awq_report) -> dict:

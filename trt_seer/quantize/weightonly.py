@@ -128,11 +128,49 @@ def quantize_int4(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     return q.reshape(k, n), scale
 
 
+def quantize(w: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """quantize_int8 (bits 8) or quantize_int4 (bits 4) of W [K, N] (float16 or float32), the same
+    values, computed with PyTorch: on the GPU when it has one, else on every CPU core (numpy runs
+    one core: a 7B model's GEMM weights took minutes that way)."""
+    import torch
+
+    device = _quantize_device()
+    with torch.inference_mode():
+        t = torch.from_numpy(np.ascontiguousarray(w)).to(device).float()
+        k, n = t.shape
+        groups = t.reshape(1, k, n) if bits == 8 else t.reshape(k // block, block, n)
+        amax = groups.abs().amax(dim=1)
+        top = INT8_MAX if bits == 8 else INT4_MAX
+        scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
+        low = -INT8_MAX if bits == 8 else INT4_MIN
+        q = torch.clamp(torch.round(groups / scale[:, None, :]), low, top).to(torch.int8).reshape(k, n)
+        return q.cpu().numpy(), (scale[0] if bits == 8 else scale).cpu().numpy()
+
+
+def _quantize_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def dequantize(q: np.ndarray, scale: np.ndarray, block: int | None) -> np.ndarray:
     """The float weight a DequantizeLinear of `q` computes (block None: per output channel)."""
     if block is None:
         return q.astype(np.float32) * scale
     return q.astype(np.float32) * np.repeat(scale, block, axis=0)
+
+
+def int4_tensor(q: np.ndarray, name: str):
+    """An INT4 TensorProto of `q` (int8 values in [-8, 7]) packed into raw_data, two values per byte
+    with the first in the low nibble (the ONNX layout): a quarter of the bytes `make_tensor` writes
+    as int32_data, and movable to external data (raw_data only) when the graph is saved."""
+    from onnx import TensorProto
+
+    u = (q.reshape(-1) & 0x0F).astype(np.uint8)
+    if u.size % 2:
+        u = np.append(u, np.uint8(0))
+    packed = u[0::2] | (u[1::2] << 4)
+    return TensorProto(name=name, data_type=TensorProto.INT4, dims=list(q.shape), raw_data=packed.tobytes())
 
 
 def fake_quant(w: np.ndarray, bits: int, block: int) -> np.ndarray:
@@ -145,16 +183,19 @@ def fake_quant(w: np.ndarray, bits: int, block: int) -> np.ndarray:
 class _Writer:
     """Accumulates new initializers and nodes for one rewrite."""
 
-    def __init__(self, model):
+    def __init__(self, model, read=None):
         from onnx import TensorProto, helper, numpy_helper
 
         self.model, self.helper, self.nh, self.tp = model, helper, numpy_helper, TensorProto
         self.inits = {t.name: t for t in model.graph.initializer}
         self.new_inits, self.before = [], {}  # before: node name -> nodes to insert ahead of it
         self.done: dict[str, str] = {}
+        self.read = read  # name -> array, or None where the graph holds the value itself
 
     def weight(self, name: str) -> np.ndarray:
-        return self.nh.to_array(self.inits[name]).astype(np.float32)
+        """The initializer's value as stored (float16 in FP16 graphs)."""
+        a = self.read(name) if self.read else None
+        return self.nh.to_array(self.inits[name]) if a is None else a
 
     def dtype(self, name: str):
         return np.float16 if self.inits[name].data_type == self.tp.FLOAT16 else np.float32
@@ -164,15 +205,14 @@ class _Writer:
         key = f"{t.weight}|{t.activation if s is not None else ''}"  # s is one vector per activation
         if key in self.done:
             return self.done[key]
-        w = self.weight(t.weight) if s is None else self.weight(t.weight) * s[:, None]
+        w = self.weight(t.weight) if s is None else self.weight(t.weight).astype(np.float32) * s[:, None]
         tag = f"{t.node}__w{spec.bits}"
+        q, scale = quantize(w, spec.bits, spec.block_size)
         if spec.bits == 8:
-            q, scale = quantize_int8(w)
             qt = self.nh.from_array(q, f"{tag}_q")
             attrs = {"axis": 1}
         else:
-            q, scale = quantize_int4(w, spec.block_size)
-            qt = self.helper.make_tensor(f"{tag}_q", self.tp.INT4, list(q.shape), q.ravel().astype(np.int32))
+            qt = int4_tensor(q, f"{tag}_q")
             attrs = {"axis": 0, "block_size": spec.block_size}
         st = self.nh.from_array(scale.astype(self.dtype(t.weight)), f"{tag}_scale")
         self.new_inits += [qt, st]
@@ -199,7 +239,7 @@ def _fold_or_mul(model, w: _Writer, x: str, inv: np.ndarray, group: list) -> str
     const = [i for i, y in enumerate(p.input) if y in w.inits] if p is not None and p.op_type == "Mul" else []
     if only_group and len(const) == 1 and list(w.inits[p.input[const[0]]].dims) == [inv.size]:
         src = p.input[const[0]]
-        folded = w.nh.from_array((w.weight(src) * inv).astype(w.dtype(src)), f"{x}__awq_folded")
+        folded = w.nh.from_array((w.weight(src).astype(np.float32) * inv).astype(w.dtype(src)), f"{x}__awq_folded")
         w.new_inits.append(folded)
         p.input[const[0]] = folded.name  # a private copy: the original may be shared
         return x
@@ -211,10 +251,13 @@ def _fold_or_mul(model, w: _Writer, x: str, inv: np.ndarray, group: list) -> str
     return f"{x}__awq"
 
 
-def weight_only_model(model, targets: list[Target], spec: WeightOnlySpec, awq_scales: dict | None = None):
+def weight_only_model(model, targets: list[Target], spec: WeightOnlySpec, awq_scales: dict | None = None,
+                      read=None):
     """Rewrites `model` (FP16-typed) in place: DQ'd INT8/INT4 weights for `targets`; `awq_scales`
-    maps an activation tensor to its s vector. Raises opset to 21 and IR version to 10 for INT4, to 19 and 9 for INT8."""
-    w = _Writer(model)
+    maps an activation tensor to its s vector. `read(name)` gives a weight the graph holds no value
+    for (a weightless skeleton's: read tensor by tensor from the checkpoint), None for the others.
+    Raises opset to 21 and IR version to 10 for INT4, to 19 and 9 for INT8."""
+    w = _Writer(model, read)
     nodes = {n.name: n for n in model.graph.node}
     reads = {}
     for t in targets:
