@@ -136,7 +136,7 @@ def quantize(w: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, np.ndarr
 
     device = _quantize_device()
     with torch.inference_mode():
-        t = torch.from_numpy(np.ascontiguousarray(w)).to(device).float()
+        t = torch.from_numpy(np.require(w, requirements=("C", "W"))).to(device).float()  # read-only arrays are copied
         k, n = t.shape
         groups = t.reshape(1, k, n) if bits == 8 else t.reshape(k // block, block, n)
         amax = groups.abs().amax(dim=1)

@@ -60,9 +60,9 @@ class TensorRTDecoder:
         it on the first step (decode throughput against "none": docs/BENCHMARKS.md) and "none"
         when every step is a new shape. Prompts always run
         unspecialized: their lengths vary. CUDA graphs for the decode step are on with the window
-        unless `options.use_cuda_graph` is False. `windows`: the window sizes (default one window of
-        max_total - 1, as before the ladder; "ladder": `kv_window.window_sizes(max_total)`, opt-in until
-        it has been measured on a GPU; the largest is always max_total - 1). `align`: "left" or
+        unless `options.use_cuda_graph` is False. `windows`: the window sizes (default "ladder":
+        `kv_window.window_sizes(max_total)`, measured on an H200: docs/BENCHMARKS.md; "single": one
+        window of max_total - 1, as before the ladder; the largest is always max_total - 1). `align`: "left" or
         "right" (module docstring); default from the manifest's `decoder.sliding_window`: left when it
         says the attention is full (null) or its window is at least the largest, right otherwise,
         including manifests that do not say."""
@@ -89,10 +89,14 @@ class TensorRTDecoder:
         self.max_batch = int(self.manifest["profiles"][0]["batch"][2])
         self.max_total = int(self.decoder["max_total"])
         self.max_prompt = int(self.decoder["max_prompt"])
-        if windows == "ladder":
+        if windows in (None, "ladder"):
             sizes = window_sizes(self.max_total)
-        else:  # one window of max_total - 1 by default: the ladder is opt-in until measured on a GPU
-            sizes = (self.max_total - 1,) if windows is None else windows
+        elif windows == "single":
+            sizes = (self.max_total - 1,)
+        elif isinstance(windows, str):
+            raise InputError(f'windows must be "ladder", "single" or window sizes, got {windows!r}')
+        else:
+            sizes = windows
         self.windows = tuple(sorted({min(int(w), self.max_total - 1) for w in sizes} | {self.max_total - 1}))
         if self.windows[0] < 1:
             raise InputError(f"window sizes must be >= 1, got {list(sizes)}")
