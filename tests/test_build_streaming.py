@@ -207,3 +207,21 @@ def test_engine_gate_feeds_the_profiles_shortest_prompt_then_one_token_a_step(tm
     assert gate.metric_rows.shape == (3, 12 - 4) and np.array_equal(gate.metric_rows[:, 1:], rows[:, 5:])
     np.testing.assert_allclose(got, want, atol=2e-2)
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
+
+
+def test_a_stage_gives_its_freed_memory_back_before_the_next(tmp_path):
+    """Memory a stage freed goes back to the system when it ends (glibc would keep it resident under
+    the next stage: a 7B export's tens of GiB), and the stage's record says the RSS left after it."""
+    from trt_seer import resources
+
+    def stage():
+        blocks = [bytearray(64 * 1024) for _ in range(4096)]  # 256 MiB on the C heap
+        pin = bytearray(64 * 1024)  # allocated last: the heap's top stays in use when the blocks go
+        del blocks
+        return pin
+
+    stages = resources.Stages(tmp_path)
+    pin = stages.run("alloc", stage)
+    rec = stages.records[0]
+    assert len(pin) == 64 * 1024
+    assert rec["peak_rss_bytes"] - rec["rss_after_bytes"] > 128 * 2**20, rec

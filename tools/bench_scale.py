@@ -103,9 +103,11 @@ def _md(shape: str, gpu: str, b: dict, rows: dict, wo: dict, args) -> str:
              f"Build: {b['seconds']:.0f} s in all; peak disk under --out {b['peak_disk_bytes'] / GiB:.2f} GiB = "
              f"{b['peak_disk_bytes'] / f16:.2f}x the FP16 weights ({f16 / GiB:.2f} GiB; sampled every 50 ms); "
              f"the plan said {wo['plan']['peak_disk_bytes'] / GiB:.2f} GiB.\n",
-             "| stage | wall s | peak RSS GiB | written GiB | disk under --out GiB |", "|---|---:|---:|---:|---:|"]
+             "| stage | wall s | peak RSS GiB | RSS after GiB | written GiB | disk under --out GiB |",
+             "|---|---:|---:|---:|---:|---:|"]
     for s in b["stages"]:
-        lines.append(f"| {s['stage']} | {s['seconds']:.1f} | {s['peak_rss_bytes'] / GiB:.2f} | "
+        after = f"{s['rss_after_bytes'] / GiB:.2f}" if "rss_after_bytes" in s else "n/a"
+        lines.append(f"| {s['stage']} | {s['seconds']:.1f} | {s['peak_rss_bytes'] / GiB:.2f} | {after} | "
                      f"{s['written_bytes'] / GiB:.2f} | {s['peak_disk_bytes'] / GiB:.2f} |")
     lines += ["", "| engine | size GiB | GPU memory loaded / b1 / b8 GiB | decode tok/s b1 | b8 | TTFT 128 ms | "
               "b1 bandwidth use |", "|---|---:|---:|---:|---:|---:|---:|"]
