@@ -326,3 +326,61 @@ def test_int4_weights_are_packed_two_per_byte_in_raw_data(shape):
     t = wo.int4_tensor(q, "w")
     assert t.data_type == TensorProto.INT4 and len(t.raw_data) == (q.size + 1) // 2 and not t.int32_data
     assert np.array_equal(numpy_helper.to_array(t).astype(np.int8), q)
+
+
+def test_awq_statistics_from_pytorch_hooks_equal_the_graphs(built):
+    """AWQ's statistics taken with PyTorch on the checkpoint's Linear layers (what runs on a GPU)
+    are ONNX Runtime's on the FP16 graph: the same GEMM inputs, found through the export's weight
+    map, the same unpadded tokens, mean |x| per channel to FP16 rounding. Run here on the CPU."""
+    from trt_seer.quantize import awq_torch, decoder_stage
+
+    out, ckpt, calib, _ = built
+    graph = out / "llama.fp16.onnx"
+    targets = wo.find_targets(onnxio.load(graph, False), wo.WeightOnlySpec(bits=4, block_size=32))
+    modules = awq_torch.target_modules(targets, record(out, "fp16")["weights_from_checkpoint"])
+    assert modules is not None and len(modules) == len(targets) == 2 * 7
+    assert all(name.startswith("model.layers.") for name in modules)
+    batches = [dict(np.load(f)) for f in sorted(calib.glob("*.npz"))[:3]]
+    want = decoder_stage.awq_statistics(graph, targets, decoder_stage.prefill_batches(graph, batches))
+    got = awq_torch.activation_stats(resolve_model(ckpt), batches, modules, "cpu")
+    assert set(got) == set(want) == {t.activation for t in targets}
+    for x in want:
+        assert got[x].sample.shape == want[x].sample.shape
+        scale = float(np.max(want[x].mean_abs))
+        assert np.max(np.abs(got[x].mean_abs - want[x].mean_abs)) <= 2e-2 * scale, x
+
+
+def test_awq_search_with_pytorch_picks_what_numpy_picks():
+    """awq_torch.search (the GPU's) chooses the alpha awq.search chooses, with the same errors."""
+    from trt_seer.quantize import awq_torch
+
+    rng = np.random.default_rng(3)
+    k = 256
+    mean_abs = np.exp(rng.normal(0, 1.5, k)).astype(np.float32)  # a few salient channels
+    x = (rng.standard_normal((96, k)) * mean_abs).astype(np.float32)
+    weights = [(rng.standard_normal((k, n)) * 0.02).astype(np.float32) for n in (64, 32)]
+    stats = awq.ActStats(mean_abs, x)
+    spec = wo.WeightOnlySpec(bits=4, block_size=128)
+    want, got = awq.search(stats, weights, spec), awq_torch.search(stats, weights, spec, "cpu")
+    assert got.alpha == want.alpha and want.alpha > 0
+    assert np.array_equal(got.s, want.s)
+    assert np.isclose(got.error, want.error, rtol=1e-3) and np.isclose(got.rtn_error, want.rtn_error, rtol=1e-3)
+
+
+def test_a_streaming_build_takes_awq_statistics_from_pytorch_where_it_has_a_device(tmp_path, monkeypatch, capfd):
+    """The build's GPU path for AWQ (PyTorch statistics from the checkpoint, PyTorch scale search),
+    with the device it would pick made the CPU: it runs without the FP16 graph's weights being read
+    back, and the INT4 graph carries the AWQ report and its folded scales."""
+    from trt_seer import cli
+    from trt_seer.quantize import awq_torch
+
+    monkeypatch.setattr(awq_torch, "gpu", lambda: "cpu")
+    ckpt = make_tiny_checkpoint("llama", "causal-lm", tmp_path / "llama", **WIDE)
+    calib = npz_batches(tmp_path / "calib")
+    out = tmp_path / "out"
+    assert cli.main(["build", "--model", str(ckpt), "--int4", "--int4-block", "32", "--calib", str(calib),
+                     *PROFILE, "--min-agreement", "0", "--max-ppl-increase", "10", "--out", str(out)]) == 0
+    assert "AWQ statistics: the checkpoint in PyTorch on the GPU, 8 GEMM inputs" in capfd.readouterr().err
+    report = record(out, "int4")["quantization"]["awq"]
+    assert len(report) == 8 and any(r["alpha"] > 0 for r in report)  # qkv, o, up/gate, down per layer
+    assert record(out, "fp16")["removed"] and not (out / "llama.fp16.onnx").exists()

@@ -151,7 +151,8 @@ def _weight_only(info, art: Artifacts, request, fp16: dict, todo: list[int], sta
     gpu = _gpu_gate(art, request, rows)
     ref = stages.run("fp16 reference", _reference, info, art, fp16, rows, gpu)
     awq = 4 in pending and decoder_stage.uses_awq(quant, 4, decoder_stage.int4_qat(info, quant, 4))
-    if awq and fp16.get("removed"):  # AWQ measures activations on the FP16 graph: export it again
+    on_gpu = awq and not request.keep_intermediates and _awq_modules(art, fp16, quant) is not None
+    if awq and fp16.get("removed") and not on_gpu:  # ONNX Runtime's AWQ reads the FP16 graph: export it again
         fp16 = stages.run("fp16 onnx", pipeline.fp16_decoder_onnx, info, art, True)
     stats = None
     graph = None if fp16.get("removed") else art.path("fp16.onnx")
@@ -177,11 +178,30 @@ def _weight_only(info, art: Artifacts, request, fp16: dict, todo: list[int], sta
     return manifests
 
 
-def _awq_stats(info, art: Artifacts, fp16: dict, quant, cd):
-    """AWQ's activation statistics while the FP16 graph is on disk (its weights go next)."""
+def _awq_modules(art: Artifacts, fp16: dict, quant) -> dict | None:
+    """{Linear module: activation} when PyTorch has a GPU to collect AWQ's statistics on and every
+    INT4 target's weight is a Linear of the checkpoint; else None (ONNX Runtime on the CPU)."""
     from trt_seer.export import onnxio
-    from trt_seer.quantize import decoder_stage, weightonly
+    from trt_seer.quantize import awq_torch, decoder_stage, weightonly
 
+    if awq_torch.gpu() is None or not fp16.get("weights_from_checkpoint"):
+        return None
+    path = intermediates.skeleton_path(art) if fp16.get("removed") else art.path("fp16.onnx")
+    targets = weightonly.find_targets(onnxio.load(path, False), decoder_stage.weight_only_spec(quant, 4))
+    return awq_torch.target_modules(targets, fp16["weights_from_checkpoint"])
+
+
+def _awq_stats(info, art: Artifacts, fp16: dict, quant, cd):
+    """AWQ's activation statistics: the checkpoint in PyTorch on the GPU when there is one, else
+    ONNX Runtime on the FP16 graph while it is on disk (its weights go next)."""
+    from trt_seer.export import onnxio
+    from trt_seer.quantize import awq_torch, decoder_stage, weightonly
+
+    modules = _awq_modules(art, fp16, quant)
+    if modules is not None:
+        log.info("AWQ statistics: the checkpoint in PyTorch on the GPU, %d GEMM inputs, %d calibration batches",
+                 len(set(modules.values())), len(cd.calib))
+        return awq_torch.activation_stats(info, cd.calib, modules, awq_torch.gpu())
     graph = art.path("fp16.onnx")
     model = onnxio.load(graph, False)
     targets = weightonly.find_targets(model, decoder_stage.weight_only_spec(quant, 4))

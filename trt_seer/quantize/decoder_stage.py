@@ -184,7 +184,7 @@ def awq_scales(stats: dict, fp16_model, targets: list, spec: WeightOnlySpec, rea
     (`read`: weights the graph holds no value for, as weight_only_model takes it)."""
     from tqdm import tqdm
 
-    from trt_seer.quantize import awq
+    from trt_seer.quantize import awq, awq_torch
 
     groups: dict[str, list] = {}
     for t in targets:
@@ -192,9 +192,11 @@ def awq_scales(stats: dict, fp16_model, targets: list, spec: WeightOnlySpec, rea
     names = {x: x for x in groups}
     inits = {i.name: i for i in fp16_model.graph.initializer}
     scales, report = {}, []
-    for x, group in tqdm(groups.items(), desc="AWQ scale search", unit="activation"):
-        weights = [_value(inits[t.weight], read).astype(np.float32) for t in group]
-        c = awq.search(stats[names[x]], weights, spec)
+    device = awq_torch.gpu()
+    for x, group in tqdm(groups.items(), desc=f"AWQ scale search ({device or 'CPU'})", unit="activation"):
+        weights = [_value(inits[t.weight], read) for t in group]
+        c = awq_torch.search(stats[names[x]], weights, spec, device) if device else \
+            awq.search(stats[names[x]], [w.astype(np.float32) for w in weights], spec)
         if c.alpha > 0:
             scales[x] = c.s
         report.append({"gemms": [t.node for t in group], "alpha": c.alpha,

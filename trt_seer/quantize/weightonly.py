@@ -134,17 +134,31 @@ def quantize(w: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, np.ndarr
     one core: a 7B model's GEMM weights took minutes that way)."""
     import torch
 
-    device = _quantize_device()
     with torch.inference_mode():
-        t = torch.from_numpy(np.require(w, requirements=("C", "W"))).to(device).float()  # read-only arrays are copied
-        k, n = t.shape
-        groups = t.reshape(1, k, n) if bits == 8 else t.reshape(k // block, block, n)
-        amax = groups.abs().amax(dim=1)
-        top = INT8_MAX if bits == 8 else INT4_MAX
-        scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
-        low = -INT8_MAX if bits == 8 else INT4_MIN
-        q = torch.clamp(torch.round(groups / scale[:, None, :]), low, top).to(torch.int8).reshape(k, n)
-        return q.cpu().numpy(), (scale[0] if bits == 8 else scale).cpu().numpy()
+        t = torch.from_numpy(np.require(w, requirements=("C", "W"))).to(_quantize_device())  # read-only arrays are copied
+        q, scale = quantize_tensor(t, bits, block)
+        return q.cpu().numpy(), scale.cpu().numpy()
+
+
+def quantize_tensor(t, bits: int, block: int):
+    """quantize on a torch tensor W [K, N], on its device: (int8 [K, N], float32 scale [N] or [K / block, N])."""
+    import torch
+
+    t = t.float()
+    k, n = t.shape
+    groups = t.reshape(1, k, n) if bits == 8 else t.reshape(k // block, block, n)
+    amax = groups.abs().amax(dim=1)
+    top = INT8_MAX if bits == 8 else INT4_MAX
+    scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
+    low = -INT8_MAX if bits == 8 else INT4_MIN
+    q = torch.clamp(torch.round(groups / scale[:, None, :]), low, top).to(torch.int8).reshape(k, n)
+    return q, (scale[0] if bits == 8 else scale)
+
+
+def fake_quant_tensor(t, bits: int, block: int):
+    """fake_quant on a torch tensor W [K, N], on its device."""
+    q, scale = quantize_tensor(t, bits, block)
+    return q.float() * (scale if bits == 8 else scale.repeat_interleave(block, dim=0))
 
 
 def _quantize_device() -> str:
