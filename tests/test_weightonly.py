@@ -384,3 +384,20 @@ def test_a_streaming_build_takes_awq_statistics_from_pytorch_where_it_has_a_devi
     report = record(out, "int4")["quantization"]["awq"]
     assert len(report) == 8 and any(r["alpha"] > 0 for r in report)  # qkv, o, up/gate, down per layer
     assert record(out, "fp16")["removed"] and not (out / "llama.fp16.onnx").exists()
+
+
+def test_awq_statistics_on_the_cpu_take_as_many_batches_as_the_time_bound_allows(caplog):
+    """On the CPU, AWQ's statistics stop at a budget of tokens x quantized weights (at least one
+    batch), and the log says how many batches were taken; a small model takes them all."""
+    import logging
+
+    from trt_seer.quantize import decoder_stage
+
+    batches = [{"input_ids": np.zeros((4, 32), np.int64), "attention_mask": np.ones((4, 32), np.int64)}
+               for _ in range(10)]  # 128 tokens each
+    assert decoder_stage.cpu_bounded(batches, 10**6) == batches
+    with caplog.at_level(logging.INFO, logger="trt_seer.quantize.decoder_stage"):
+        kept = decoder_stage.cpu_bounded(batches, 6 * 10**9)  # a 7B model's GEMMs: 333 tokens
+    assert kept == batches[:2]
+    assert "AWQ statistics on the CPU: 2 of 10 calibration batches (256 tokens)" in caplog.text
+    assert decoder_stage.cpu_bounded(batches, 10**13) == batches[:1]  # never none

@@ -169,14 +169,39 @@ def prefill_batches(path: Path, batches: list[dict]) -> list[dict]:
     return [prefill_feeds(inputs, b) for b in batches]
 
 
+CPU_AWQ_BUDGET = 2e12  # prefill tokens x model parameters AWQ's statistics may take on the CPU
+
+
 def awq_statistics(graph: Path, targets: list, batches: list[dict]) -> dict:
-    """Activation statistics of the GEMM inputs in `targets`, on `graph` (ONNX Runtime, CPU)."""
+    """Activation statistics of the GEMM inputs in `targets`, on `graph` (ONNX Runtime, CPU), over
+    as many of `batches` as the CPU's time bound allows (cpu_bounded)."""
     from trt_seer.quantize import awq
 
-    nodes = {n.name: n for n in onnxio.load(graph, False).graph.node}
+    model = onnxio.load(graph, False)
+    nodes = {n.name: n for n in model.graph.node}
     names = sorted({nodes[t.node].input[0] for t in targets})
+    params = sum(t.k * t.n for t in targets)
+    batches = cpu_bounded(batches, params)
     log.info("collecting activation statistics of %d GEMM inputs on %s ...", len(names), Path(graph).name)
     return awq.activation_stats(graph, batches, names)
+
+
+def cpu_bounded(batches: list[dict], params: int, budget: float = CPU_AWQ_BUDGET) -> list[dict]:
+    """The first of `batches` whose prefill tokens x `params` (the quantized GEMMs' weights) stay
+    within `budget`, at least one: AWQ's statistics on the CPU take minutes, not hours, at 7B (about
+    300 tokens there; a GPU takes every batch). The log says when batches were left out."""
+    kept, spent = [], 0.0
+    for b in batches:
+        cost = float(np.count_nonzero(b["attention_mask"])) * params
+        if kept and spent + cost > budget:
+            break
+        kept.append(b)
+        spent += cost
+    if len(kept) < len(batches):
+        log.info("AWQ statistics on the CPU: %d of %d calibration batches (%d tokens), a time bound for "
+                 "%.2fB quantized weights; a GPU takes them all", len(kept), len(batches), int(spent // params),
+                 params / 1e9)
+    return kept
 
 
 def awq_scales(stats: dict, fp16_model, targets: list, spec: WeightOnlySpec, read=lambda name: None):
