@@ -367,20 +367,23 @@ def test_awq_search_with_pytorch_picks_what_numpy_picks():
     assert np.isclose(got.error, want.error, rtol=1e-3) and np.isclose(got.rtn_error, want.rtn_error, rtol=1e-3)
 
 
-def test_a_streaming_build_takes_awq_statistics_from_pytorch_where_it_has_a_device(tmp_path, monkeypatch, capfd):
+def test_a_streaming_build_takes_awq_statistics_from_pytorch_where_it_has_a_device(tmp_path, monkeypatch):
     """The build's GPU path for AWQ (PyTorch statistics from the checkpoint, PyTorch scale search),
     with the device it would pick made the CPU: it runs without the FP16 graph's weights being read
-    back, and the INT4 graph carries the AWQ report and its folded scales."""
+    back, ONNX Runtime's statistics are not taken, and the INT4 graph carries the AWQ report."""
     from trt_seer import cli
-    from trt_seer.quantize import awq_torch
+    from trt_seer.quantize import awq_torch, decoder_stage
 
     monkeypatch.setattr(awq_torch, "gpu", lambda: "cpu")
+    devices, real = [], awq_torch.activation_stats
+    monkeypatch.setattr(awq_torch, "activation_stats", lambda *a, **k: devices.append(a[3]) or real(*a, **k))
+    monkeypatch.setattr(decoder_stage, "awq_statistics", lambda *a: pytest.fail("ONNX Runtime's AWQ statistics ran"))
     ckpt = make_tiny_checkpoint("llama", "causal-lm", tmp_path / "llama", **WIDE)
     calib = npz_batches(tmp_path / "calib")
     out = tmp_path / "out"
     assert cli.main(["build", "--model", str(ckpt), "--int4", "--int4-block", "32", "--calib", str(calib),
                      *PROFILE, "--min-agreement", "0", "--max-ppl-increase", "10", "--out", str(out)]) == 0
-    assert "AWQ statistics: the checkpoint in PyTorch on the GPU, 8 GEMM inputs" in capfd.readouterr().err
+    assert devices == ["cpu"]
     report = record(out, "int4")["quantization"]["awq"]
     assert len(report) == 8 and any(r["alpha"] > 0 for r in report)  # qkv, o, up/gate, down per layer
     assert record(out, "fp16")["removed"] and not (out / "llama.fp16.onnx").exists()

@@ -172,6 +172,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
     builder = flavor.trt.Builder(trt_logger)
     network, _parser = _parse(flavor, builder, Path(onnx_path))
     with sigint_flag() as interrupted:
+        trt_logger.cancelled = interrupted.is_set
         config, targets, _monitor = _config(flavor, builder, network, spec, timing_cache, interrupted.is_set)
         start = time.perf_counter()
 

@@ -111,11 +111,14 @@ def logger(flavor: Flavor, verbose: bool = False):
         def __init__(self):
             trt.ILogger.__init__(self)
             self.errors: list[str] = []
+            self.cancelled = lambda: False  # once a build is cancelled, its teardown's errors are not news
 
         def log(self, sev, msg):
             if sev <= severity.ERROR:
                 self.errors.append(msg)
-            if sev <= threshold and "BuildCanceled" not in msg:  # Ctrl-C: the CLI says "interrupted"
+            if self.cancelled() or "BuildCanceled" in msg:  # Ctrl-C: the CLI says "interrupted"
+                out.debug("[TensorRT] %s: %s", sev.name, msg)
+            elif sev <= threshold:
                 out.log(levels.get(sev, logging.DEBUG), "[TensorRT] %s: %s", sev.name, msg)
 
     return _Logger()
