@@ -201,12 +201,13 @@ def open_decoder(monkeypatch, tmp_path):
     path.write_bytes(b"engine")
     opened = []
 
-    def make(cache, windows=None, sliding_window=None, next_token=False, says_sliding=True):
+    def make(cache, windows=None, sliding_window=None, next_token=False, says_sliding=True, max_batch=None):
         """`sliding_window`: the manifest's (None: full attention); `says_sliding` False: no such key."""
         manifest["decoder"]["sliding_window"], manifest["next_token"] = sliding_window, next_token
         if not says_sliding:
             del manifest["decoder"]["sliding_window"]
-        opened.append(decoder_trt.TensorRTDecoder(path, EngineOptions(), cache=cache, windows=windows))
+        opened.append(decoder_trt.TensorRTDecoder(path, EngineOptions(), cache=cache, windows=windows,
+                                                  max_batch=max_batch))
         opened[-1].rt = rt
         return opened[-1]
 
@@ -373,3 +374,19 @@ def test_copies_per_step_follow_the_alignment(open_decoder, monkeypatch):
         sizes[align] = seen[1:]  # after the prompt's landing: the width in bytes of each step's copy
     row = DIM * 4  # one float32 position
     assert sizes == {"left": [row] * 3, "right": [8 * row] * 3}
+
+
+@pytest.mark.parametrize("cache", ["window", "grow"])
+def test_a_decoder_for_fewer_sequences_holds_a_smaller_cache_and_the_same_logits(open_decoder, cache):
+    """max_batch below the engine's profile: the KV cache is allocated for that many sequences (one
+    sequence of a batch-8 engine holds an eighth), the logits are the full decoder's, and a larger
+    batch or a max_batch outside the profile is refused in one line."""
+    full = open_decoder(cache, windows=(2, 4, 8) if cache == "window" else None)
+    one = open_decoder(cache, windows=(2, 4, 8) if cache == "window" else None, max_batch=1)
+    assert one.kv_cache_bytes * MAX_BATCH == full.kv_cache_bytes
+    ids = np.array([[5, 6, 7]], np.int64)
+    assert decode_along(one, ids, np.ones_like(ids), steps=6) == decode_along(full, ids, np.ones_like(ids), steps=6)
+    with pytest.raises(InputError, match=r"batch 2 is outside 1\.\.1"):
+        one.reset(2)
+    with pytest.raises(InputError, match=rf"max_batch must be in 1\.\.{MAX_BATCH}"):
+        open_decoder(cache, max_batch=MAX_BATCH + 1)

@@ -8,7 +8,8 @@ appends a table to docs/BENCHMARKS.md, with rows for larger shapes worked out fr
 
 Per build stage: wall time, peak RSS, bytes written, disk under --out (from the manifests);
 peak disk under --out sampled from outside every 50 ms; engine sizes; per engine on the GPU: GPU
-memory with the engine loaded and a batch-1 / batch-8 cache of --max-total positions, decode
+memory with the engine loaded and its decoder's cache for the profile's largest batch (after batch-1 /
+batch-8 decoding), and with a decoder for one sequence of --max-total positions (`max_batch=1`), decode
 tokens/s at batch 1 and 8 (prompt 128, 128 new tokens, greedy, end to end), time to first token of
 a 128-token prompt, and the fraction of the memory-bandwidth limit the batch-1 decode reaches
 (engine bytes read per step / step time / --bandwidth-gbs). Random weights: the gate is loosened
@@ -48,6 +49,17 @@ def build(ckpt: Path, out: Path, args) -> dict:
     if rc != 0:
         sys.exit(f"build failed with exit code {rc}")
     return {"seconds": meter.seconds, "peak_disk_bytes": meter.peak_disk, "cmd": " ".join(cmd[1:])}
+
+
+def one_sequence_memory(engine: Path) -> int:
+    """GPU memory of the engine with a decoder for one sequence (KV cache for 1 x max_total)."""
+    from trt_seer.runtime import cuda
+    from trt_seer.runtime.decoder_trt import TensorRTDecoder
+
+    free0 = cuda.mem_info()[0]
+    with TensorRTDecoder(engine, max_batch=1) as dec:
+        dec.warm_up(1)
+        return free0 - cuda.mem_info()[0]
 
 
 def decode(engine: Path, batches=(1, 8)) -> dict:
@@ -109,13 +121,13 @@ def _md(shape: str, gpu: str, b: dict, rows: dict, wo: dict, args) -> str:
         after = f"{s['rss_after_bytes'] / GiB:.2f}" if "rss_after_bytes" in s else "n/a"
         lines.append(f"| {s['stage']} | {s['seconds']:.1f} | {s['peak_rss_bytes'] / GiB:.2f} | {after} | "
                      f"{s['written_bytes'] / GiB:.2f} | {s['peak_disk_bytes'] / GiB:.2f} |")
-    lines += ["", "| engine | size GiB | GPU memory loaded / b1 / b8 GiB | decode tok/s b1 | b8 | TTFT 128 ms | "
-              "b1 bandwidth use |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| engine | size GiB | GPU memory loaded / b1 / b8 GiB | one sequence of --max-total GiB | "
+              "decode tok/s b1 | b8 | TTFT 128 ms | b1 bandwidth use |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for p, r in rows.items():
         bw = r["size_bytes"] / (r["b1"]["ms_per_step"] / 1e3) / (args.bandwidth_gbs * 1e9)
         lines.append(f"| {p.upper()} | {r['size_bytes'] / GiB:.2f} | {r['memory_loaded_bytes'] / GiB:.2f} / "
                      f"{r['memory_b1_bytes'] / GiB:.2f} / {r['memory_b8_bytes'] / GiB:.2f} | "
-                     f"{r['b1']['tokens_per_s']:.0f} | {r['b8']['tokens_per_s']:.0f} | {r['ttft_ms']:.1f} | {100 * bw:.0f}% |")
+                     f"{r['memory_one_sequence_bytes'] / GiB:.2f} | {r['b1']['tokens_per_s']:.0f} | {r['b8']['tokens_per_s']:.0f} | {r['ttft_ms']:.1f} | {100 * bw:.0f}% |")
     lines.append(f"\nBandwidth use: engine bytes read once per step over the step's wall time, against "
                  f"{args.bandwidth_gbs:.0f} GB/s. Engines are TensorRT-RTX on H200 (Ampere kernels).")
     return "\n".join(lines) + "\n"
@@ -159,7 +171,8 @@ def main() -> None:
     for p in args.precisions:
         m = manifest.read_engine_manifest(out / f"{args.shape}.{p}.manifest.json")
         b["stages"] = m["build_stages"]
-        rows[p] = {"size_bytes": m["engine"]["size_bytes"], **decode(out / f"{args.shape}.{p}.engine")}
+        rows[p] = {"size_bytes": m["engine"]["size_bytes"], **decode(out / f"{args.shape}.{p}.engine"),
+                   "memory_one_sequence_bytes": one_sequence_memory(out / f"{args.shape}.{p}.engine")}
         print(p, json.dumps(rows[p]), flush=True)
     from trt_seer.runtime import cuda
 

@@ -53,7 +53,8 @@ class TensorRTDecoder:
     backend = "tensorrt"
 
     def __init__(self, path: str | Path, options: EngineOptions = EngineOptions(), specialize: str | None = None,
-                 cache: str = "window", windows: tuple[int, ...] | str | None = None, align: str | None = None):
+                 cache: str = "window", windows: tuple[int, ...] | str | None = None, align: str | None = None,
+                 max_batch: int | None = None):
         """`cache`: "window" or "grow" (module docstring). `specialize`: TensorRT-RTX's
         dynamic-shape kernel specialization for the decode step ("eager", "lazy" or "none"). The
         default is "eager" with the window: its one shape per batch size gets kernels compiled for
@@ -65,7 +66,9 @@ class TensorRTDecoder:
         window of max_total - 1, as before the ladder; the largest is always max_total - 1). `align`: "left" or
         "right" (module docstring); default from the manifest's `decoder.sliding_window`: left when it
         says the attention is full (null) or its window is at least the largest, right otherwise,
-        including manifests that do not say."""
+        including manifests that do not say. `max_batch`: the most sequences this decoder will run at
+        once (default the engine's profile maximum); the KV cache is allocated for that many, so one
+        sequence on an engine built for batch 8 holds an eighth of the cache."""
         specialize = specialize or ("eager" if cache == "window" else "none")
         if specialize not in SPECIALIZE:
             raise InputError(f"specialize must be one of {', '.join(SPECIALIZE)}, got {specialize!r}")
@@ -86,7 +89,10 @@ class TensorRTDecoder:
         self._start, self._end = cuda.Event(), cuda.Event()
         self.last_gpu_ms = None  # the engine's own GPU time in the last step (CUDA events)
         self._names()
-        self.max_batch = int(self.manifest["profiles"][0]["batch"][2])
+        profile_max = int(self.manifest["profiles"][0]["batch"][2])
+        if max_batch is not None and not 1 <= int(max_batch) <= profile_max:
+            raise InputError(f"max_batch must be in 1..{profile_max} (the engine's batch profile), got {max_batch}")
+        self.max_batch = profile_max if max_batch is None else int(max_batch)
         self.max_total = int(self.decoder["max_total"])
         self.max_prompt = int(self.decoder["max_prompt"])
         if windows in (None, "ladder"):
@@ -177,7 +183,8 @@ class TensorRTDecoder:
     def reset(self, batch: int) -> None:
         """Starts a new batch of sequences on an empty cache."""
         if not 1 <= batch <= self.max_batch:
-            raise InputError(f"batch {batch} is outside the engine's profile (1..{self.max_batch})")
+            raise InputError(f"batch {batch} is outside 1..{self.max_batch} (the engine's profile, or the "
+                             "decoder's max_batch)")
         self.batch, self.past, self._cur, self.window = int(batch), 0, 0, None
 
     def warm_up(self, batch: int) -> None:
