@@ -151,13 +151,13 @@ def _weight_only(info, art: Artifacts, request, fp16: dict, todo: list[int], sta
     gpu = _gpu_gate(art, request, rows)
     ref = stages.run("fp16 reference", _reference, info, art, fp16, rows, gpu)
     awq = 4 in pending and decoder_stage.uses_awq(quant, 4, decoder_stage.int4_qat(info, quant, 4))
-    on_gpu = awq and not request.keep_intermediates and _awq_modules(art, fp16, quant) is not None
-    if awq and fp16.get("removed") and not on_gpu:  # ONNX Runtime's AWQ reads the FP16 graph: export it again
+    modules = _awq_modules(art, fp16, quant) if awq and not request.keep_intermediates else None
+    if awq and fp16.get("removed") and modules is None:  # ONNX Runtime's AWQ reads the FP16 graph: export it again
         fp16 = stages.run("fp16 onnx", pipeline.fp16_decoder_onnx, info, art, True)
     stats = None
     graph = None if fp16.get("removed") else art.path("fp16.onnx")
     if awq and not request.keep_intermediates:
-        stats = stages.run("awq statistics", _awq_stats, info, art, fp16, quant, cd)
+        stats = stages.run("awq statistics", _awq_stats, info, art, quant, cd, modules)
     measured_on = gpu.measured_on() if gpu else decoder_stage.measured_on_cpu(graph or intermediates.skeleton_path(art))
     if not request.keep_intermediates and intermediates.can_release(fp16, info.path):
         fp16 = intermediates.release_fp16_weights(art, fp16)
@@ -191,13 +191,13 @@ def _awq_modules(art: Artifacts, fp16: dict, quant) -> dict | None:
     return awq_torch.target_modules(targets, fp16["weights_from_checkpoint"])
 
 
-def _awq_stats(info, art: Artifacts, fp16: dict, quant, cd):
-    """AWQ's activation statistics: the checkpoint in PyTorch on the GPU when there is one, else
-    ONNX Runtime on the FP16 graph while it is on disk (its weights go next)."""
+def _awq_stats(info, art: Artifacts, quant, cd, modules: dict | None):
+    """AWQ's activation statistics: the checkpoint in PyTorch on the GPU when `modules` (from
+    _awq_modules) says it can, else ONNX Runtime on the FP16 graph while it is on disk (its weights
+    go next)."""
     from trt_seer.export import onnxio
     from trt_seer.quantize import awq_torch, decoder_stage, weightonly
 
-    modules = _awq_modules(art, fp16, quant)
     if modules is not None:
         log.info("AWQ statistics: the checkpoint in PyTorch on the GPU, %d GEMM inputs, %d calibration batches",
                  len(set(modules.values())), len(cd.calib))

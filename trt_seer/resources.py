@@ -210,14 +210,12 @@ def release_memory() -> None:
     glibc's free lists (malloc_trim), which otherwise keep a stage's peak (a 7B export's tens of
     GiB) resident under the next stage's. A no-op where the C library has no malloc_trim."""
     import ctypes
-    import ctypes.util
     import gc
 
     gc.collect()
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    process = ctypes.CDLL(None)  # the C library's symbols, without find_library's ldconfig run per stage
+    if hasattr(process, "malloc_trim"):
+        process.malloc_trim(0)
 
 
 class Stages:

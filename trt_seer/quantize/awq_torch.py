@@ -19,16 +19,15 @@ import logging
 import numpy as np
 
 from trt_seer.quantize.awq import ALPHAS, MAX_ROWS, ActStats, Choice, scales_for
-from trt_seer.quantize.weightonly import WeightOnlySpec, fake_quant_tensor
+from trt_seer.quantize.weightonly import WeightOnlySpec, fake_quant_tensor, torch_device
 
 log = logging.getLogger(__name__)
 
 
 def gpu() -> str | None:
     """"cuda" when PyTorch sees a GPU, else None (the CPU path is ONNX Runtime's, awq.py)."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else None
+    device = torch_device()
+    return None if device == "cpu" else device
 
 
 def target_modules(targets: list, wmap: dict) -> dict[str, str] | None:

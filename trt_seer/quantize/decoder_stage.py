@@ -177,11 +177,9 @@ def awq_statistics(graph: Path, targets: list, batches: list[dict]) -> dict:
     as many of `batches` as the CPU's time bound allows (cpu_bounded)."""
     from trt_seer.quantize import awq
 
-    model = onnxio.load(graph, False)
-    nodes = {n.name: n for n in model.graph.node}
+    nodes = {n.name: n for n in onnxio.load(graph, False).graph.node}
     names = sorted({nodes[t.node].input[0] for t in targets})
-    params = sum(t.k * t.n for t in targets)
-    batches = cpu_bounded(batches, params)
+    batches = cpu_bounded(batches, sum(t.k * t.n for t in targets))
     log.info("collecting activation statistics of %d GEMM inputs on %s ...", len(names), Path(graph).name)
     return awq.activation_stats(graph, batches, names)
 
@@ -210,6 +208,7 @@ def awq_scales(stats: dict, fp16_model, targets: list, spec: WeightOnlySpec, rea
     from tqdm import tqdm
 
     from trt_seer.quantize import awq, awq_torch
+    from trt_seer.quantize.weightonly import initializer_value
 
     groups: dict[str, list] = {}
     for t in targets:
@@ -219,7 +218,7 @@ def awq_scales(stats: dict, fp16_model, targets: list, spec: WeightOnlySpec, rea
     scales, report = {}, []
     device = awq_torch.gpu()
     for x, group in tqdm(groups.items(), desc=f"AWQ scale search ({device or 'CPU'})", unit="activation"):
-        weights = [_value(inits[t.weight], read) for t in group]
+        weights = [initializer_value(inits[t.weight], read) for t in group]
         c = awq_torch.search(stats[names[x]], weights, spec, device) if device else \
             awq.search(stats[names[x]], [w.astype(np.float32) for w in weights], spec)
         if c.alpha > 0:
@@ -314,18 +313,10 @@ def _rank(source: DecoderSource, dest: Path, cd, targets: list, spec: WeightOnly
     inits = {t.name: t for t in model.graph.initializer}
     errors = {}
     for t in targets:
-        w = _value(inits[t.weight], source.weights.read).astype(np.float32)
+        w = weightonly.initializer_value(inits[t.weight], source.weights.read).astype(np.float32)
         d = weightonly.fake_quant(w, spec.bits, spec.block_size) - w
         errors[t.node] = float(np.sum(d * d) / max(float(np.sum(w * w)), 1e-30))
     return sorted(errors, key=lambda n: -errors[n])
-
-
-def _value(t, read) -> np.ndarray:
-    """An initializer's value: `read` from the checkpoint where the graph holds none."""
-    from onnx import numpy_helper
-
-    a = read(t.name)
-    return numpy_helper.to_array(t) if a is None else a
 
 
 def _quantization(model16, spec: WeightOnlySpec, n_targets: int, excluded: frozenset, awq_report) -> dict:

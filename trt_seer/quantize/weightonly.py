@@ -135,7 +135,7 @@ def quantize(w: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, np.ndarr
     import torch
 
     with torch.inference_mode():
-        t = torch.from_numpy(np.require(w, requirements=("C", "W"))).to(_quantize_device())  # read-only arrays are copied
+        t = torch.from_numpy(np.require(w, requirements=("C", "W"))).to(torch_device())  # read-only arrays are copied
         q, scale = quantize_tensor(t, bits, block)
         return q.cpu().numpy(), scale.cpu().numpy()
 
@@ -161,10 +161,20 @@ def fake_quant_tensor(t, bits: int, block: int):
     return q.float() * (scale if bits == 8 else scale.repeat_interleave(block, dim=0))
 
 
-def _quantize_device() -> str:
+def torch_device() -> str:
+    """Where the PyTorch passes over weights run: "cuda" when PyTorch sees a GPU, else "cpu"."""
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def initializer_value(t, read=None) -> np.ndarray:
+    """An initializer's value as stored: `read(name)` (e.g. from the checkpoint) where it gives one,
+    else the value the graph holds."""
+    from onnx import numpy_helper
+
+    a = read(t.name) if read else None
+    return numpy_helper.to_array(t) if a is None else a
 
 
 def dequantize(q: np.ndarray, scale: np.ndarray, block: int | None) -> np.ndarray:
@@ -208,8 +218,7 @@ class _Writer:
 
     def weight(self, name: str) -> np.ndarray:
         """The initializer's value as stored (float16 in FP16 graphs)."""
-        a = self.read(name) if self.read else None
-        return self.nh.to_array(self.inits[name]) if a is None else a
+        return initializer_value(self.inits[name], self.read)
 
     def dtype(self, name: str):
         return np.float16 if self.inits[name].data_type == self.tp.FLOAT16 else np.float32
