@@ -92,7 +92,7 @@ def test_decoder_export_with_kv_cache(tiny_checkpoint, tmp_path, model_type):
     import onnx
 
     from trt_seer.export import decoder
-    from trt_seer.decoder_io import decoder_io
+    from trt_seer.decoder_io import decoder_io, exported_outputs
 
     info = resolve_model(tiny_checkpoint(model_type, "causal-lm"))
     shape = decoder.decoder_shape(info.config)
@@ -106,11 +106,12 @@ def test_decoder_export_with_kv_cache(tiny_checkpoint, tmp_path, model_type):
         assert r["max_abs_diff"] < export.Tolerance().atol, name
     graph = onnx.load(str(dest)).graph
     inputs, outputs = decoder_io(shape.num_layers)
-    assert [v.name for v in graph.input] == list(inputs) and [v.name for v in graph.output] == list(outputs)
+    assert [v.name for v in graph.input] == list(inputs)
+    assert [v.name for v in graph.output] == list(exported_outputs(shape.num_layers)) == [*outputs, "next_token"]
     dims = {v.name: _dims(v) for v in list(graph.input) + list(graph.output)}
     batch, seq = dims["input_ids"]
     assert isinstance(batch, str) and isinstance(seq, str) and dims["position_ids"] == [batch, seq]
-    assert dims["logits"] == [batch, 1, VOCAB]
+    assert dims["logits"] == [batch, 1, VOCAB] and dims["next_token"] == [batch, 1]
     past = dims["past_key_values.0.key"]
     assert past[0] == batch and past[1:] == [shape.num_kv_heads, past[2], shape.head_dim]
     assert isinstance(past[2], str) and dims["present.0.key"][2] not in (past[2], seq)
@@ -303,3 +304,38 @@ def test_external_data_export_and_save(tiny_checkpoint, tmp_path, monkeypatch):
     got = ort.InferenceSession(str(saved), providers=["CPUExecutionProvider"]).run(None, feeds)
     np.testing.assert_array_equal(got[0], want[0])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging dirs left
+
+
+def test_decoder_next_token_must_be_the_argmax_of_the_logits(tiny_checkpoint, tmp_path):
+    """The export's next_token output (ArgMax in the graph) is checked against ONNX Runtime's own
+    logits: a graph whose next_token is another token is rejected, in one line."""
+    import onnx
+
+    from trt_seer.export import decoder
+
+    info = resolve_model(tiny_checkpoint("llama", "causal-lm"))
+    shape = decoder.decoder_shape(info.config)
+    dest = tmp_path / "llama.fp32.onnx"
+    decoder.onnx_from_decoder(info, dest)
+    model = onnx.load(str(dest))
+    argmax = [n for n in model.graph.node if n.op_type == "ArgMax"]
+    assert len(argmax) == 1
+    argmax[0].op_type = "ArgMin"
+    onnx.save(model, str(dest))
+    step = decoder.wrap_decoder(decoder.load_decoder(info), shape)
+    with pytest.raises(ExportMismatchError, match=r"next_token at batch=3 seq=7 past=0 is not the argmax") as e:
+        decoder.verify_decoder(step, shape, dest, info.name, export.Tolerance())
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("model_type,overrides,window", [
+    ("llama", {}, None), ("mistral", {}, 32), ("qwen2", {"use_sliding_window": False, "sliding_window": 64}, None),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 64}, 64)])
+def test_decoder_record_says_whether_attention_slides(tiny_checkpoint, tmp_path, model_type, overrides, window):
+    """The record's decoder.sliding_window (None: full attention) is what lets the runtime keep a
+    sequence left-aligned in its cache window (one position copied per step, not the window)."""
+    from trt_seer.export import decoder
+
+    info = resolve_model(tiny_checkpoint(model_type, "causal-lm", **overrides))
+    section = decoder.decoder_section(info, tmp_path / f"{model_type}.fp16.onnx")
+    assert "sliding_window" in section and section["sliding_window"] == window

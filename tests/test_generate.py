@@ -270,6 +270,24 @@ def test_generation_speed_of_an_onnx_runtime_step(artifacts):
     assert "vs ort fp32 b1" in text and "vs ort fp32 b2" in text
 
 
+def test_generate_bench_times_sampling_through_the_host_sampler(artifacts, monkeypatch):
+    """With `sampling`, every decode step's logits go through runtime/sampling.choose (seeded), never
+    a device-side greedy `next_tokens`; the rows keep measure_step's form."""
+    from trt_seer.bench import generate as bench
+    from trt_seer.runtime import sampling as sampling_mod
+    from trt_seer.runtime.decoder_ort import OrtDecoderStep
+
+    chosen = []
+    real = sampling_mod.choose
+    monkeypatch.setattr(sampling_mod, "choose", lambda logits, s, rng: chosen.append(s) or real(logits, s, rng))
+    step = OrtDecoderStep(artifacts["llama"][1])
+    step.next_tokens = lambda *f: pytest.fail("sampling must not take the greedy path")
+    spec = bench.GenBenchSpec(batches=(2,), prompt=8, new_tokens=3, ttft_prompts=(), repeats=1)
+    row = bench.measure_step(step, VOCAB, spec, Sampling(temperature=0.8, top_p=0.9, seed=0))
+    assert [(d["batch"], d["context"]) for d in row["decode"]] == [(2, 8)] and row["decode"][0]["tokens_per_s"] > 0
+    assert len(chosen) == (1 + 8) + (1 + 3) and {s.top_p for s in chosen} == {0.9}  # warm-up, then the timed run
+
+
 def test_load_generator_takes_the_backend_and_options_of_load(artifacts, tmp_path):
     """Same backend choice and options as runtime.load: ONNX Runtime options reach the session, unknown
     options and a TensorRT backend for a graph are refused, and an engine no TensorRT runs here falls

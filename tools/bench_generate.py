@@ -15,8 +15,13 @@ per decode step of each engine (torch.profiler, trt_seer/bench/kernels.py).
 With --config the model is randomly initialised from a named shape (speed does not depend on the
 weights), exported with its KV cache, converted to FP16, quantized weight-only (INT8 per channel,
 INT4 in blocks of 128; round to nearest: random weights have nothing to calibrate against) and built
-into engines. With --model the checkpoint's artifacts are taken from `--engines` when `build` made
-them (gated), else made the same way. Every figure is end to end (ids in, logits back on the host).
+into engines. With --model the checkpoint's artifacts are made the same way, or taken from
+`--engines DIR` (a `trt-seer build --out DIR` of it: its gated engines). Every figure is end to end
+(ids in, the next token on the host). `--sampling` adds a row per engine that samples (top-p 0.9,
+temperature 0.8: the logits come back and the host chooses, runtime/sampling.py) beside greedy.
+
+    python -m trt_seer build --model ckpt/ --task causal-lm --fp16 --seq 1,128,4000 --out out/b
+    python tools/bench_generate.py --model ckpt/ --engines out/b --contexts 256,3840 --hf none
 """
 from __future__ import annotations
 
@@ -130,11 +135,17 @@ def _cpu_artifacts(ckpt: Path, work: Path, precisions: list[str]) -> None:
             _weight_only(art, fp16, p)
 
 
-def measure_engines(engines: dict[str, Path], spec, variants: list[str], align: str | None) -> dict[str, dict]:
-    """One row per engine and runtime variant ("cache:specialization", the first is the default)."""
+SAMPLED = dict(temperature=0.8, top_p=0.9, seed=0)  # the --sampling rows
+
+
+def measure_engines(engines: dict[str, Path], spec, variants: list[str], align: str | None,
+                    sampled: bool = False) -> dict[str, dict]:
+    """One row per engine and runtime variant ("cache:specialization", the first is the default);
+    with `sampled`, one more per engine (default variant) choosing by top-p on the host."""
     from trt_seer.bench.generate import measure_step
     from trt_seer.runtime import cuda
     from trt_seer.runtime.decoder_trt import TensorRTDecoder
+    from trt_seer.runtime.generate import Sampling
 
     rows = {}
     for precision, path in engines.items():
@@ -146,8 +157,21 @@ def measure_engines(engines: dict[str, Path], spec, variants: list[str], align: 
             with TensorRTDecoder(path, cache=cache, specialize=specialize, align=align, windows="ladder") as dec:  # windows warmed
                 used = free_before - cuda.mem_info()[0]
                 rows[label] = {**measure_step(dec, dec.vocab, spec), "memory_bytes": used}
-            print(label, json.dumps(rows[label]), flush=True)
+                print(label, json.dumps(rows[label]), flush=True)
+                if sampled and i == 0:
+                    label += f", top-p {SAMPLED['top_p']} T {SAMPLED['temperature']}"
+                    rows[label] = {**measure_step(dec, dec.vocab, spec, Sampling(**SAMPLED)), "memory_bytes": used}
+                    print(label, json.dumps(rows[label]), flush=True)
     return rows
+
+
+def built_engines(engines_dir: Path, name: str, precisions: list[str]) -> dict[str, Path]:
+    """{precision: engine} from a `trt-seer build --out` directory; exits naming a missing one."""
+    found = {p: engines_dir / f"{name}.{p}.engine" for p in precisions}
+    missing = [str(path) for path in found.values() if not path.is_file()]
+    if missing:
+        sys.exit(f"no engine {', '.join(missing)}: build it first (trt-seer build --model ... --out {engines_dir})")
+    return found
 
 
 def measure_cpu(work: Path, name: str, precisions: list[str], spec) -> dict[str, dict]:
@@ -254,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hf", default="compiled,eager", help="PyTorch baselines: compiled, eager, both or none; "
                                                            "the compiled one is the ratios' baseline")
     ap.add_argument("--no-hf", action="store_true", help="same as --hf none")
+    ap.add_argument("--engines", type=Path, help="with --model: take the engines from this build --out directory")
+    ap.add_argument("--sampling", action="store_true", help="also time top-p sampling (on the host) per engine")
     ap.add_argument("--kernels", action="store_true", help="also profile kernel launches per decode step")
     ap.add_argument("--build-only", action="store_true", help="make the artifacts and engines, measure nothing")
     ap.add_argument("--cpu", action="store_true",
@@ -280,14 +306,17 @@ def main(argv: list[str] | None = None) -> int:
         rows = measure_cpu(args.work, _name(ckpt), args.precisions.split(","), spec)
         baseline = "ONNX Runtime CPU, FP32 graph"
     else:
-        engines = artifacts(ckpt, args.work, args.precisions.split(","), kw)
+        if args.engines and not args.model:
+            sys.exit("--engines goes with --model (the checkpoint the engines were built from)")
+        engines = (built_engines(args.engines, _name(ckpt), args.precisions.split(",")) if args.engines
+                   else artifacts(ckpt, args.work, args.precisions.split(","), kw))
         if args.build_only:
             return 0
         hf = [] if args.no_hf or args.hf == "none" else args.hf.split(",")
         rows = measure_hf(ckpt, spec, hf) if hf else {}
         # the named shapes are Llamas (full attention); a checkpoint's manifest decides for itself
         align = "left" if args.config else None
-        rows.update(measure_engines(engines, spec, args.variants.split(","), align))
+        rows.update(measure_engines(engines, spec, args.variants.split(","), align, args.sampling))
         baseline = next(iter(rows))  # the first PyTorch path, else the first engine
     text = table(rows, spec, baseline)
     if args.kernels and not args.cpu:

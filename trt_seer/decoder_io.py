@@ -15,6 +15,7 @@ TOKEN_AXES = {0: "batch", 1: "seq"}  # the dynamic axes of token tensors
 TOKEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
 KV_KINDS = ("key", "value")
 PAST_PREFIX, PRESENT_PREFIX = "past_key_values.", "present."
+NEXT_TOKEN = "next_token"  # the greedy next token per row, [batch, 1] int64 (ArgMax of the last logits)
 
 
 def decoder_io(num_layers: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -22,6 +23,12 @@ def decoder_io(num_layers: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     past = tuple(f"{PAST_PREFIX}{i}.{k}" for i in range(num_layers) for k in KV_KINDS)
     present = tuple(f"{PRESENT_PREFIX}{i}.{k}" for i in range(num_layers) for k in KV_KINDS)
     return TOKEN_INPUTS + past, ("logits",) + present
+
+
+def exported_outputs(num_layers: int) -> tuple[str, ...]:
+    """The outputs an export writes: `decoder_io`'s, then `next_token` (graphs exported before it
+    lack it; every reader asks for its outputs by name)."""
+    return decoder_io(num_layers)[1] + (NEXT_TOKEN,)
 
 
 def is_past(name: str) -> bool:

@@ -49,13 +49,21 @@ def contexts(spec: GenBenchSpec) -> tuple[int, ...]:
     return (spec.prompt, *[c for c in spec.contexts if c != spec.prompt])
 
 
-def decode_rate(step, batch: int, spec: GenBenchSpec, vocab: int, context: int | None = None) -> dict:
-    """Greedy decode of `spec.new_tokens` after a prompt of `context` (default `spec.prompt`) tokens:
-    tokens/s and ms per step."""
+def decode_rate(step, batch: int, spec: GenBenchSpec, vocab: int, context: int | None = None,
+                sampling=None) -> dict:
+    """Decode of `spec.new_tokens` after a prompt of `context` (default `spec.prompt`) tokens:
+    tokens/s and ms per step. Greedy (on the device where the step can), or `sampling` (a
+    runtime.generate.Sampling: the logits come back and runtime/sampling.py chooses on the host)."""
     context = spec.prompt if context is None else context
     rng = np.random.default_rng(spec.seed)
     ids, mask, pos = _prompt(rng, batch, context, vocab)
-    greedy = getattr(step, "next_tokens", None) or (lambda *f: step.step(*f).argmax(axis=-1).astype(np.int64))
+    if sampling is not None and sampling.temperature > 0:
+        from trt_seer.runtime.sampling import choose
+
+        draws = np.random.default_rng(spec.seed + 1)
+        greedy = lambda *f: choose(step.step(*f), sampling, draws)  # noqa: E731
+    else:
+        greedy = getattr(step, "next_tokens", None) or (lambda *f: step.step(*f).argmax(axis=-1).astype(np.int64))
     step.reset(batch)
     token = greedy(ids, mask, pos)
     device_ms = []
@@ -84,14 +92,15 @@ def ttft_ms(step, prompt: int, spec: GenBenchSpec, vocab: int) -> float:
     return statistics.median(times[1:])
 
 
-def measure_step(step, vocab: int, spec: GenBenchSpec = GenBenchSpec()) -> dict:
-    """{"decode": [per batch], "ttft_ms": {prompt: ms}} for one DecoderStep."""
+def measure_step(step, vocab: int, spec: GenBenchSpec = GenBenchSpec(), sampling=None) -> dict:
+    """{"decode": [per batch], "ttft_ms": {prompt: ms}} for one DecoderStep; `sampling` as for
+    `decode_rate` (default greedy)."""
     small = GenBenchSpec(**{**spec.__dict__, "new_tokens": 8})
-    decode_rate(step, spec.batches[0], small, vocab)  # warm-up: first-run kernels, allocations
+    decode_rate(step, spec.batches[0], small, vocab, sampling=sampling)  # warm-up: first-run kernels, allocations
     for b in spec.batches:  # every cache window's context and graph, before any timing
         getattr(step, "warm_up", lambda batch: None)(b)
     limit = getattr(step, "max_total", None)
-    out = {"decode": [decode_rate(step, b, spec, vocab, c) for c in contexts(spec) for b in spec.batches],
+    out = {"decode": [decode_rate(step, b, spec, vocab, c, sampling) for c in contexts(spec) for b in spec.batches],
            "ttft_ms": {}}
     for p in spec.ttft_prompts:
         if limit is None or p < limit:
@@ -131,7 +140,9 @@ def hf_generate_rows(model, vocab: int, spec: GenBenchSpec = GenBenchSpec(), **g
     decode = []
     for c in contexts(spec):
         for b in spec.batches:
-            run(b, c, spec.new_tokens)  # warm-up (and compile) at this shape
+            # warm-up (and compile) at the timed run's very shape: a static cache of another
+            # length would be compiled again inside the timed run
+            run(b, c, spec.new_tokens + 1)
             times = run(b, c, spec.new_tokens + 1)
             seconds = times[-1] - times[1]  # decode steps only: from the prompt step's end
             decode.append({"batch": b, "context": c, "tokens_per_s": b * spec.new_tokens / seconds,

@@ -6,7 +6,8 @@
 
 I/O (the names Optimum and onnxruntime-genai use): input_ids, attention_mask [batch, past+seq],
 position_ids, past_key_values.{i}.key/value [batch, kv_heads, past, head_dim] in; logits of the
-last position [batch, 1, vocab] and present.{i}.key/value [batch, kv_heads, past+seq, head_dim] out.
+last position [batch, 1, vocab] and present.{i}.key/value [batch, kv_heads, past+seq, head_dim] out,
+then next_token [batch, 1] (ArgMax of the logits: greedy decoding brings back only the ids).
 Grouped-query attention keeps its kv_heads. The cache is a transformers DynamicCache built from the
 past tensors inside the traced forward, so the model's own attention and mask code is exported.
 Verified with ONNX Runtime against PyTorch at shapes other than the traced one, with past lengths
@@ -25,7 +26,7 @@ from trt_seer.errors import ExportMismatchError
 from trt_seer.export import onnxio
 from trt_seer.logs import quieted
 from trt_seer.export.tolerance import Tolerance
-from trt_seer.decoder_io import PRESENT_PREFIX, decoder_io, position_ids
+from trt_seer.decoder_io import NEXT_TOKEN, PRESENT_PREFIX, decoder_io, exported_outputs, position_ids
 from trt_seer.export.families import ModelInfo, num_layers
 
 TRACE_CASE = (2, 5, 3)  # (batch, seq, past_seq) used for tracing; no axis of size 0 or 1
@@ -73,7 +74,7 @@ def cache_keyword(model) -> str:
 
 
 def wrap_decoder(model, shape: DecoderShape):
-    """forward(input_ids, attention_mask, position_ids, *past) -> (logits[:, -1:], *presents)."""
+    """forward(input_ids, attention_mask, position_ids, *past) -> (logits[:, -1:], *presents, next_token)."""
     import torch
     from transformers import DynamicCache
 
@@ -90,7 +91,8 @@ def wrap_decoder(model, shape: DecoderShape):
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              use_cache=True, logits_to_keep=1, **{cache_kw: DynamicCache(ddp_cache_data=pairs)})
             presents = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
-            return (out.logits, *presents)  # (batch, 1, vocab), (batch, kv_heads, past+seq, head_dim)...
+            # (batch, 1, vocab), (batch, kv_heads, past+seq, head_dim)..., (batch, 1)
+            return (out.logits, *presents, out.logits[:, -1].argmax(dim=-1, keepdim=True))
 
     return Step().eval()
 
@@ -125,10 +127,11 @@ def _export(step, shape: DecoderShape, dest: Path, kv_dtype=np.float32, external
 
     feeds = sample_feeds(shape, *TRACE_CASE, seed=1, kv_dtype=kv_dtype)
     args = tuple(torch.from_numpy(v) for v in feeds.values())
-    inputs, outputs = decoder_io(shape.num_layers)
+    inputs, _ = decoder_io(shape.num_layers)
     with warnings.catch_warnings(), quieted("torch.onnx"):
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(step, args, input_names=list(inputs), output_names=list(outputs),
+        program = torch.onnx.export(step, args, input_names=list(inputs),
+                                    output_names=list(exported_outputs(shape.num_layers)),
                                     dynamic_shapes=_dynamic_shapes(shape), dynamo=True, opset_version=18,
                                     verbose=False)
     large = sum(p.numel() * p.element_size() for p in step.parameters()) > onnxio.EXTERNAL_DATA_THRESHOLD
@@ -159,14 +162,18 @@ def verify_decoder(step, shape: DecoderShape, onnx_path: Path, name: str, tol, k
 
 
 def compare_cases(cases: list[dict], refs: list[list], shape: DecoderShape, onnx_path: Path, name: str, tol) -> dict:
-    """ONNX Runtime's outputs on each feed of `cases` against `refs` (PyTorch's, computed before)."""
+    """ONNX Runtime's outputs on each feed of `cases` against `refs` (PyTorch's, computed before);
+    `next_token`, where the graph has it, must be the argmax of ONNX Runtime's own logits."""
     from trt_seer.runtime.ort import create_session
 
     session = create_session(onnx_path)
     _, outputs = decoder_io(shape.num_layers)
+    has_next = NEXT_TOKEN in {o.name for o in session.get_outputs()}
     report = {"cases": [list(c) for c in VERIFY_CASES], "outputs": {}}
     for (batch, seq, past), feeds, ref in zip(VERIFY_CASES, cases, refs):
-        got = session.run(list(outputs), feeds)
+        got = session.run(list(outputs) + ([NEXT_TOKEN] if has_next else []), feeds)
+        if has_next:
+            _check_next_token(got.pop(), got[0], f"batch={batch} seq={seq} past={past}")
         for out, g, r in zip(outputs, got, ref):
             where = f"{out} at batch={batch} seq={seq} past={past}"
             if g.shape != r.shape:
@@ -185,6 +192,14 @@ def compare_cases(cases: list[dict], refs: list[list], shape: DecoderShape, onnx
             if prev is None or delta * prev["allowed"] >= prev["max_abs_diff"] * allowed:
                 report["outputs"][key] = {"max_abs_diff": delta, "allowed": allowed}
     return report
+
+
+def _check_next_token(next_token: np.ndarray, logits: np.ndarray, where: str) -> None:
+    """The graph's next_token against the argmax of its logits (the first of equal scores)."""
+    want = logits[:, -1].argmax(axis=-1)[:, None]
+    if next_token.shape != want.shape or not np.array_equal(next_token, want):
+        raise ExportMismatchError(f"ONNX output {NEXT_TOKEN} at {where} is not the argmax of the logits: "
+                                  f"{next_token.ravel()[:8].tolist()} vs {want.ravel()[:8].tolist()}")
 
 
 def onnx_from_decoder(info: ModelInfo, dest: Path, tol=None) -> dict:
@@ -262,6 +277,15 @@ def copy_tokenizer(checkpoint: Path, dest: Path) -> bool:
     return True
 
 
+def sliding_window(config: dict) -> int | None:
+    """The attention window of the checkpoint's sliding-window layers, None when every layer attends
+    to the whole sequence (the runtime's cache layout depends on it: runtime/decoder_trt.py)."""
+    if config.get("use_sliding_window") is False:  # Qwen2-style: the window is declared but off
+        return None
+    window = config.get("sliding_window")
+    return int(window) if window else None
+
+
 def decoder_section(info: ModelInfo, artifact: Path, kv_dtype: str = "float32", max_batch: int = 32) -> dict:
     """The record's `decoder` section; copies the tokenizer to `<out>/<name>.tokenizer/`."""
     from trt_seer.export.families import max_positions
@@ -274,6 +298,7 @@ def decoder_section(info: ModelInfo, artifact: Path, kv_dtype: str = "float32", 
     return {"num_layers": shape.num_layers, "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
             "kv_dtype": kv_dtype, "vocab_size": shape.vocab_size, "eos_token_id": eos, "pad_token_id": pad,
             "max_batch": max_batch, "max_prompt": max_total - 1, "max_total": max_total,
+            "sliding_window": sliding_window(info.config),
             "tokenizer": tok_dir.name if has_tokenizer else None}
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 import numpy as np
 
-from trt_seer.decoder_io import TOKEN_INPUTS, is_past, present_of
+from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, is_past, present_of
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
@@ -40,7 +40,6 @@ from trt_seer.runtime.loader import EngineOptions, load_engine
 SMALL_INPUTS = TOKEN_INPUTS
 SPECIALIZE = ("none", "lazy", "eager")
 CACHES = ("window", "grow")
-NEXT_TOKEN = "next_token"  # optional output: the greedy next token per row, [batch, 1] (ArgMax over logits)
 
 
 def _nbytes(shape, dtype) -> int:
