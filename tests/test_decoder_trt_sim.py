@@ -108,8 +108,13 @@ class Context:
     """The toy decoder: present = past + this step's keys/values; logits over every present entry
     the attention mask shows. Reads and writes the memory it is bound to, as TensorRT does."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, strategy=None):
         self.engine, self.shapes, self.addresses, self.profile, self.runs = engine, {}, {}, 0, 0
+        self.strategy, self.memory = strategy, None
+
+    def set_device_memory(self, address, nbytes):
+        assert self.strategy == "USER_MANAGED", "device memory is set only on a user-managed context"
+        self.memory = (int(address), int(nbytes))
 
     def set_optimization_profile_async(self, profile, stream):
         self.profile = profile
@@ -173,8 +178,10 @@ class Engine:
             return (-1, 1, VOCAB)
         return (-1, HEADS, -1, DIM) if name.startswith(("past_", "present.")) else (-1, -1)
 
-    def create_execution_context(self):
-        self.contexts.append(Context(self))
+    device_memory_size_v2 = 96  # the scratch the largest profile needs
+
+    def create_execution_context(self, strategy=None):
+        self.contexts.append(Context(self, strategy))
         return self.contexts[-1]
 
 
@@ -189,7 +196,8 @@ def open_decoder(monkeypatch, tmp_path):
     manifest = {"decoder": {"max_total": MAX_TOTAL, "max_prompt": MAX_PROMPT},
                 "profiles": [{"batch": [1, MAX_BATCH, MAX_BATCH]}]}
     monkeypatch.setattr(manifest_io, "read_engine_manifest", lambda path: manifest)
-    flavor = types.SimpleNamespace(trt=types.SimpleNamespace(nptype=np.dtype))
+    strategies = types.SimpleNamespace(USER_MANAGED="USER_MANAGED")
+    flavor = types.SimpleNamespace(trt=types.SimpleNamespace(nptype=np.dtype, ExecutionContextAllocationStrategy=strategies))
     jit = types.SimpleNamespace(attach=lambda config: None, save=lambda: None)
 
     def load_engine(path, options, manifest):
@@ -390,3 +398,23 @@ def test_a_decoder_for_fewer_sequences_holds_a_smaller_cache_and_the_same_logits
         one.reset(2)
     with pytest.raises(InputError, match=rf"max_batch must be in 1\.\.{MAX_BATCH}"):
         open_decoder(cache, max_batch=MAX_BATCH + 1)
+
+
+def test_every_context_shares_one_scratch_block(open_decoder):
+    """The prefill context and every window's decode context are user-managed and run on one block
+    of the engine's largest scratch size, allocated once (not one block per context)."""
+    dec = open_decoder("window", windows=(2, 4, 8))
+    ids, mask = prompt_batch()
+    dec.reset(batch=2)
+    feeds = step_feeds(ids, mask)
+    logits = dec.step(feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"])
+    for _ in range(6):  # past 8 positions: the prefill context and the 8-slot window's, at least
+        ids = np.concatenate([ids, logits.argmax(1)[:, None]], 1)
+        mask = np.concatenate([mask, np.ones((2, 1), np.int64)], 1)
+        feeds = step_feeds(ids[:, -1:], mask, seq=1)
+        logits = dec.step(feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"])
+    np.testing.assert_array_equal(logits, reference(ids, mask))
+    contexts = dec.engine.contexts
+    assert len(contexts) >= 3 and {c.strategy for c in contexts} == {"USER_MANAGED"}
+    assert {c.memory for c in contexts} == {(dec._scratch.device_ptr, 96)}
+    assert sum(1 for size in map(len, (b for b in dec.rt.blocks.values())) if size == 96) == 1
