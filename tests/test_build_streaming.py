@@ -225,3 +225,45 @@ def test_a_stage_gives_its_freed_memory_back_before_the_next(tmp_path):
     rec = stages.records[0]
     assert len(pin) == 64 * 1024
     assert rec["peak_rss_bytes"] - rec["rss_after_bytes"] > 128 * 2**20, rec
+
+
+def test_fp16_export_in_a_worker_process_leaves_no_weights_behind(tmp_path, monkeypatch):
+    """`isolate=True` runs the PyTorch side of the FP16 export (load, export, reference outputs) in a
+    fresh process: this process never loads the model (its loader is broken here), yet the graph,
+    its verification and its weight map are those of the in-process export."""
+    import onnx
+
+    from trt_seer.export import decoder
+    from trt_seer.export.families import resolve_model
+
+    info = resolve_model(make_tiny_checkpoint("llama", "causal-lm", tmp_path / "llama"))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    here = decoder.fp16_onnx_from_decoder(info, tmp_path / "a" / "m.fp16.onnx", isolate=False)
+    monkeypatch.setattr(decoder, "load_decoder", lambda *a, **k: pytest.fail("loaded in this process"))
+    there = decoder.fp16_onnx_from_decoder(info, tmp_path / "b" / "m.fp16.onnx", isolate=True)
+    assert there == here  # the same report and weight map
+    names = [[v.name for v in onnx.load(str(p), load_external_data=False).graph.output]
+             for p in (tmp_path / "a" / "m.fp16.onnx", tmp_path / "b" / "m.fp16.onnx")]
+    assert names[0] == names[1] and names[0][-1] == "next_token"
+
+
+def test_a_worker_process_hands_back_its_exception():
+    """in_worker raises the worker's own exception (type and one-line message), not a generic one."""
+    from trt_seer.errors import InputError
+    from trt_seer.export.decoder import in_worker
+    from trt_seer.export.families import resolve_model
+
+    with pytest.raises(InputError, match="no-such-checkpoint") as e:
+        in_worker(resolve_model, Path("/no-such-checkpoint"), "causal-lm")
+    assert "\n" not in str(e.value)
+
+
+def test_stage_meter_counts_worker_processes_memory(tmp_path):
+    """A stage's peak RSS includes the worker processes it starts (here one holding 400 MB)."""
+    from trt_seer.resources import rss_bytes
+
+    hold = "import time; b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(1.5)"
+    with StageMeter("worker", tmp_path, interval=0.05) as meter:
+        subprocess.run([sys.executable, "-c", hold], check=True)
+    assert meter.peak_rss >= rss_bytes() + (400 << 20)

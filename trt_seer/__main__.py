@@ -3,4 +3,5 @@ import sys
 
 from trt_seer.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a spawned worker process imports this module
+    sys.exit(main())

@@ -147,8 +147,30 @@ def rss_bytes() -> int:
         return 0
 
 
+def child_pids(pid: str = "self") -> list[int]:
+    """Every descendant of a process (Linux /proc/<pid>/task/*/children; [] where unavailable)."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids = [int(x) for x in children.read_text().split()]
+        except (OSError, ValueError):
+            continue  # the thread or process ended while we looked
+        for kid in kids:
+            found += [kid, *child_pids(str(kid))]
+    return found
+
+
+def process_rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0  # it ended
+
+
 def written_bytes() -> int:
-    """Bytes this process has written through write calls so far (Linux /proc/self/io wchar)."""
+    """Bytes this process has written through write calls so far, its reaped worker processes'
+    included (Linux /proc/self/io wchar)."""
     try:
         with open("/proc/self/io") as f:
             fields = dict(line.split(": ") for line in f.read().splitlines())
@@ -179,7 +201,9 @@ class StageMeter:
         self.peak_rss = self.peak_disk = 0
 
     def _sample(self) -> None:
-        self.peak_rss = max(self.peak_rss, rss_bytes())
+        """This process and its workers (a stage may run part of its work in one: RSS adds up)."""
+        kids = child_pids()
+        self.peak_rss = max(self.peak_rss, rss_bytes() + sum(map(process_rss_bytes, kids)))
         self.peak_disk = max(self.peak_disk, disk_usage(self.out))
 
     def _loop(self) -> None:
@@ -198,7 +222,7 @@ class StageMeter:
         self._thread.join()
         self._sample()
         self.seconds = time.perf_counter() - self._t0
-        self.written = written_bytes() - self._w0
+        self.written = written_bytes() - self._w0  # a reaped worker's writes count in its parent's
 
     def record(self) -> dict:
         return {"stage": self.stage, "seconds": round(self.seconds, 2), "peak_rss_bytes": self.peak_rss,

@@ -219,33 +219,96 @@ def onnx_from_decoder(info: ModelInfo, dest: Path, tol=None) -> dict:
 FP16_TOL = Tolerance(atol=1e-3, rtol=1e-2)  # FP16 kernels of ONNX Runtime vs PyTorch's, both on the CPU
 
 
-def fp16_onnx_from_decoder(info: ModelInfo, dest: Path, tol=None) -> tuple[dict, dict]:
+ISOLATE_BYTES = 1 << 30  # checkpoints from this size export in a worker process (fp16_onnx_from_decoder)
+
+
+def fp16_onnx_from_decoder(info: ModelInfo, dest: Path, tol=None, isolate: bool | None = None) -> tuple[dict, dict]:
     """Exports `info`'s causal LM in FP16 straight from the checkpoint (no FP32 copy of the
     weights on disk or in memory) and verifies it against PyTorch FP16 on the same feeds.
-    Returns (report, weight map: export/weights.py). The PyTorch model is freed before ONNX
-    Runtime loads the graph, so the two never hold the weights at once."""
-    import gc
-
-    from trt_seer.export import weights
-
+    Returns (report, weight map: export/weights.py). The PyTorch side (load, export, reference
+    outputs) is done before ONNX Runtime loads the graph, so the two never hold the weights at once.
+    `isolate` (default: checkpoints of ISOLATE_BYTES and more) runs the PyTorch side in a worker
+    process: PyTorch's exporter keeps every weight of the model alive after the export (a full
+    FP16 copy, 13.7 GiB at 7B, held through every later stage), and only the end of the process
+    that ran it gives that memory back."""
     tol = tol or FP16_TOL
     shape = decoder_shape(info.config)
-    model = load_decoder(info, "float16")
-    params = weights.param_fingerprints(dict(model.named_parameters()))
-    step = wrap_decoder(model, shape)
-    _export(step, shape, dest, np.float16, external=True)  # weights apart: streamed later
-    cases = [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=np.float16) for i, (b, s, p) in enumerate(VERIFY_CASES)]
-    refs = [_run_torch(step, f) for f in cases]
-    del step, model
-    gc.collect()
+    if isolate is None:
+        isolate = checkpoint_bytes(info.path) >= ISOLATE_BYTES
+    if isolate:
+        cases, refs, params = in_worker(_torch_side, info, dest)
+    else:
+        cases, refs, params = _torch_side(info, dest)
     try:
         report = compare_cases(cases, refs, shape, dest, info.name, tol)
     except ExportMismatchError:
         dest.unlink(missing_ok=True)
         onnxio.data_path(dest).unlink(missing_ok=True)
         raise
+    from trt_seer.export import weights
+
     wmap = weights.weight_map(params, dest) if onnxio.data_path(dest).exists() else {}
     return {**report, "reference": "PyTorch float16, CPU"}, wmap
+
+
+def in_worker(fn, *args):
+    """fn(*args) in a fresh Python process (this interpreter, this sys.path); returns its result or
+    raises its exception. The arguments and the result travel pickled through a temporary file;
+    the worker's stderr (progress, warnings) is this process's."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="trt-seer-worker-") as tmp:
+        job = Path(tmp) / "job.pickle"
+        job.write_bytes(pickle.dumps((fn, args)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        code = "import sys; from trt_seer.export.decoder import worker_main; worker_main(sys.argv[1])"
+        done = subprocess.run([sys.executable, "-c", code, str(job)], env=env, stdout=subprocess.DEVNULL)
+        if done.returncode != 0 or not job.is_file():
+            raise ExportMismatchError(f"the export worker process ended with exit code {done.returncode}")
+        ok, value = pickle.loads(job.read_bytes())
+    if not ok:
+        raise value
+    return value
+
+
+def worker_main(job: str) -> None:
+    """The worker side of `in_worker`: runs the pickled call, writes back (ok, result or exception)."""
+    import pickle
+
+    fn, args = pickle.loads(Path(job).read_bytes())
+    try:
+        out = (True, fn(*args))
+    except Exception as e:  # noqa: BLE001 - handed back to the caller, who raises it
+        out = (False, e)
+    Path(job).write_bytes(pickle.dumps(out))
+
+
+def checkpoint_bytes(path: Path) -> int:
+    """Bytes of the checkpoint's weight files (safetensors, or PyTorch .bin)."""
+    return sum(f.stat().st_size for f in Path(path).iterdir() if f.suffix in (".safetensors", ".bin"))
+
+
+def _torch_side(info: ModelInfo, dest: Path) -> tuple[list, list, dict]:
+    """The FP16 graph exported to `dest` (weights as external data, streamed by later stages) and
+    (the verification feeds, PyTorch FP16's outputs on them, the parameters' fingerprints)."""
+    import gc
+
+    from trt_seer.export import weights
+
+    shape = decoder_shape(info.config)
+    model = load_decoder(info, "float16")
+    params = weights.param_fingerprints(dict(model.named_parameters()))
+    step = wrap_decoder(model, shape)
+    _export(step, shape, dest, np.float16, external=True)
+    cases = [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=np.float16) for i, (b, s, p) in enumerate(VERIFY_CASES)]
+    refs = [_run_torch(step, f) for f in cases]
+    del step, model
+    gc.collect()
+    return cases, refs, params
 
 
 def _generation_ids(info: ModelInfo) -> tuple[int | list[int] | None, int | None]:
