@@ -267,3 +267,16 @@ def test_stage_meter_counts_worker_processes_memory(tmp_path):
     with StageMeter("worker", tmp_path, interval=0.05) as meter:
         subprocess.run([sys.executable, "-c", hold], check=True)
     assert meter.peak_rss >= rss_bytes() + (400 << 20)
+
+
+def test_a_worker_process_that_dies_is_a_one_line_build_error():
+    """A worker killed by a signal (here its own abort) is a BuildError naming the signal, not a
+    hang or a traceback (SIGKILL, the kernel's out-of-memory killer's, also suggests memory)."""
+    import os
+
+    from trt_seer.errors import BuildError
+    from trt_seer.export.decoder import in_worker
+
+    with pytest.raises(BuildError, match=r"exit code -6 \(killed by signal 6\)$") as e:
+        in_worker(os.abort)
+    assert "\n" not in str(e.value)

@@ -268,7 +268,11 @@ def in_worker(fn, *args):
         code = "import sys; from trt_seer.export.decoder import worker_main; worker_main(sys.argv[1])"
         done = subprocess.run([sys.executable, "-c", code, str(job)], env=env, stdout=subprocess.DEVNULL)
         if done.returncode != 0 or not job.is_file():
-            raise ExportMismatchError(f"the export worker process ended with exit code {done.returncode}")
+            from trt_seer.errors import BuildError
+
+            signal = -done.returncode
+            why = f" (killed by signal {signal}{'; out of memory?' if signal == 9 else ''})" if signal > 0 else ""
+            raise BuildError(f"the export's worker process ended with exit code {done.returncode}{why}")
         ok, value = pickle.loads(job.read_bytes())
     if not ok:
         raise value
