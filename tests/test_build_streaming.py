@@ -280,3 +280,25 @@ def test_a_worker_process_that_dies_is_a_one_line_build_error():
     with pytest.raises(BuildError, match=r"exit code -6 \(killed by signal 6\)$") as e:
         in_worker(os.abort)
     assert "\n" not in str(e.value)
+
+
+def test_a_worker_exception_pickle_cannot_carry_comes_back_as_its_message():
+    """An exception that cannot be pickled (here one holding a lock) still reaches the caller, as a
+    one-line BuildError with the original's type and message."""
+    from trt_seer.errors import BuildError
+    from trt_seer.export.decoder import in_worker
+
+    with pytest.raises(BuildError, match=r"^UnpicklableError: holds a lock$"):
+        in_worker(_raise_unpicklable)
+
+
+class UnpicklableError(Exception):
+    def __init__(self, message):
+        import threading
+
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+def _raise_unpicklable():
+    raise UnpicklableError("holds a lock")

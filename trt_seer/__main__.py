@@ -3,5 +3,5 @@ import sys
 
 from trt_seer.cli import main
 
-if __name__ == "__main__":  # not when a spawned worker process imports this module
+if __name__ == "__main__":  # only when run (python -m trt_seer), not when imported
     sys.exit(main())

@@ -140,11 +140,7 @@ def check_room(plan: Plan, out: Path, already: int = 0) -> None:
 
 def rss_bytes() -> int:
     """The process's resident memory now (Linux /proc; 0 where unavailable)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+    return process_rss_bytes("self")
 
 
 def child_pids(pid: str = "self") -> list[int]:
@@ -160,12 +156,13 @@ def child_pids(pid: str = "self") -> list[int]:
     return found
 
 
-def process_rss_bytes(pid: int) -> int:
+def process_rss_bytes(pid: int | str) -> int:
+    """A process's resident memory now (Linux /proc/<pid>/statm; 0 where unavailable or ended)."""
     try:
         with open(f"/proc/{pid}/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
-        return 0  # it ended
+        return 0
 
 
 def written_bytes() -> int:

@@ -288,7 +288,15 @@ def worker_main(job: str) -> None:
         out = (True, fn(*args))
     except Exception as e:  # noqa: BLE001 - handed back to the caller, who raises it
         out = (False, e)
-    Path(job).write_bytes(pickle.dumps(out))
+    try:
+        data = pickle.dumps(out)
+    except Exception as e:  # noqa: BLE001 - an exception pickle cannot carry goes back as its message
+        from trt_seer.errors import BuildError
+
+        failed = out[1] if not out[0] else e
+        message = (str(failed).strip().splitlines() or [""])[0]
+        data = pickle.dumps((False, BuildError(f"{type(failed).__name__}: {message}")))
+    Path(job).write_bytes(data)
 
 
 def checkpoint_bytes(path: Path) -> int:
