@@ -49,6 +49,18 @@ def contexts(spec: GenBenchSpec) -> tuple[int, ...]:
     return (spec.prompt, *[c for c in spec.contexts if c != spec.prompt])
 
 
+def next_token_fn(step, sampling=None, rng: np.random.Generator | None = None):
+    """(input_ids, attention_mask, position_ids) -> the next token per row (batch,) int64: greedy
+    (the step's `next_tokens` where it has one, else the argmax of its logits), or with `sampling`
+    (a runtime.generate.Sampling of temperature > 0) runtime/sampling.py's choice on the host,
+    drawing from `rng`."""
+    if sampling is not None and sampling.temperature > 0:
+        from trt_seer.runtime.sampling import choose
+
+        return lambda *feeds: choose(step.step(*feeds), sampling, rng)
+    return getattr(step, "next_tokens", None) or (lambda *feeds: step.step(*feeds).argmax(axis=-1).astype(np.int64))
+
+
 def decode_rate(step, batch: int, spec: GenBenchSpec, vocab: int, context: int | None = None,
                 sampling=None) -> dict:
     """Decode of `spec.new_tokens` after a prompt of `context` (default `spec.prompt`) tokens:
@@ -57,20 +69,14 @@ def decode_rate(step, batch: int, spec: GenBenchSpec, vocab: int, context: int |
     context = spec.prompt if context is None else context
     rng = np.random.default_rng(spec.seed)
     ids, mask, pos = _prompt(rng, batch, context, vocab)
-    if sampling is not None and sampling.temperature > 0:
-        from trt_seer.runtime.sampling import choose
-
-        draws = np.random.default_rng(spec.seed + 1)
-        greedy = lambda *f: choose(step.step(*f), sampling, draws)  # noqa: E731
-    else:
-        greedy = getattr(step, "next_tokens", None) or (lambda *f: step.step(*f).argmax(axis=-1).astype(np.int64))
+    next_of = next_token_fn(step, sampling, np.random.default_rng(spec.seed + 1))
     step.reset(batch)
-    token = greedy(ids, mask, pos)
+    token = next_of(ids, mask, pos)
     device_ms = []
     start = time.perf_counter()
     for t in range(spec.new_tokens):
         mask = np.ones((batch, context + t + 1), dtype=np.int64)
-        token = greedy(token[:, None], mask, np.full((batch, 1), context + t, dtype=np.int64))
+        token = next_of(token[:, None], mask, np.full((batch, 1), context + t, dtype=np.int64))
         if getattr(step, "last_gpu_ms", None) is not None:
             device_ms.append(step.last_gpu_ms)
     seconds = time.perf_counter() - start

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from trt_seer.bench.generate import next_token_fn
+
 TOP = 12
 
 
@@ -27,7 +29,7 @@ def decode_kernels(step, vocab: int, batch: int, context: int = 128, steps: int 
 
     rng = np.random.default_rng(0)
     ids = rng.integers(100, vocab - 1, (batch, context), dtype=np.int64)
-    greedy = getattr(step, "next_tokens", None) or (lambda *f: step.step(*f).argmax(axis=-1).astype(np.int64))
+    greedy = next_token_fn(step)
     step.reset(batch)
     token = greedy(ids, np.ones_like(ids), np.tile(np.arange(context, dtype=np.int64), (batch, 1)))
 

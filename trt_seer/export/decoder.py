@@ -300,8 +300,10 @@ def worker_main(job: str) -> None:
 
 
 def checkpoint_bytes(path: Path) -> int:
-    """Bytes of the checkpoint's weight files (safetensors, or PyTorch .bin)."""
-    return sum(f.stat().st_size for f in Path(path).iterdir() if f.suffix in (".safetensors", ".bin"))
+    """Bytes of the checkpoint's weight files (the suffixes its fingerprint reads)."""
+    from trt_seer.records import WEIGHT_SUFFIXES
+
+    return sum(f.stat().st_size for f in Path(path).iterdir() if f.suffix in WEIGHT_SUFFIXES)
 
 
 def _torch_side(info: ModelInfo, dest: Path) -> tuple[list, list, dict]:

@@ -85,7 +85,6 @@ class TensorRTDecoder:
         self.flavor, self.gpu, self.engine = loaded.flavor, loaded.gpu, loaded.engine
         self._logger, self._runtime, self._jit_cache = loaded.logger, loaded.runtime, loaded.jit_cache
         self.stream = cuda.Stream()
-        self._scratch = None  # the contexts' shared device memory (_user_managed)
         self._start, self._end = cuda.Event(), cuda.Event()
         self.last_gpu_ms = None  # the engine's own GPU time in the last step (CUDA events)
         self._names()
@@ -109,6 +108,7 @@ class TensorRTDecoder:
         self.align = align or self._align()
         if self.align not in ALIGNS:
             raise InputError(f"align must be one of {', '.join(ALIGNS)}, got {align!r}")
+        self._user, self._scratch = self._shared_scratch()
         self._prefill = self._context(1 if self.engine.num_optimization_profiles > 1 else 0, decode=False)
         self._decode = {}  # window size (or "grow") -> its decode context, made on first use
         self._alloc()
@@ -151,7 +151,7 @@ class TensorRTDecoder:
         if config is not None and strategy is not None:
             chosen = self.specialize if decode else "none"
             config.dynamic_shapes_kernel_specialization_strategy = getattr(strategy, chosen.upper())
-        user = self._user_managed()
+        user = self._user
         if config is not None and user is not None:
             config.set_execution_context_allocation_strategy(user)
         ctx = (self.engine.create_execution_context(config) if config is not None
@@ -165,17 +165,16 @@ class TensorRTDecoder:
             raise TrtSeerError(f"TensorRT could not select optimization profile {profile} of {self.path.name}")
         return ctx
 
-    def _user_managed(self):
-        """The allocation strategy that lets every context of this decoder share one scratch block
-        (None where TensorRT has no such strategy). Contexts run one at a time on one stream, so
-        one block of the largest profile's size serves the prefill and every window, where each
-        context's own would hold that size again (a ladder of five windows at 7B: about 4 GiB)."""
+    def _shared_scratch(self):
+        """(the user-managed allocation strategy, one scratch block of the engine's largest size)
+        that every context of this decoder shares; (None, None) where TensorRT has no such
+        strategy. Contexts run one at a time on one stream, so one block serves the prefill and
+        every window, where each context's own would hold that size again (a ladder of five
+        windows at 7B: about 4 GiB)."""
         kinds = getattr(self.flavor.trt, "ExecutionContextAllocationStrategy", None)
         if kinds is None or not hasattr(self.engine, "device_memory_size_v2"):
-            return None
-        if self._scratch is None:
-            self._scratch = cuda.DeviceBuffer(max(1, int(self.engine.device_memory_size_v2)))
-        return kinds.USER_MANAGED
+            return None, None
+        return kinds.USER_MANAGED, cuda.DeviceBuffer(max(1, int(self.engine.device_memory_size_v2)))
 
     def _alloc(self) -> None:
         b, t, layers = self.max_batch, self.max_total, len(self.past_names)
@@ -353,7 +352,7 @@ class TensorRTDecoder:
         for buf in (*self._buffers(), *self._small.values(), self._logits, *([self._next] if self._next is not None else []),
                     *scratch):
             buf.close()
-        self._prefill, self._decode, self.engine, self._runtime = None, {}, None, None
+        self.engine, self._runtime = None, None
         for owned in (self._start, self._end, self.stream):
             owned.close()
 
