@@ -289,6 +289,36 @@ def test_out_buffers_device_outputs_and_gpu_inputs_mix_with_planned_calls(model)
     assert not slot.foreign
 
 
+def test_exactly_sized_host_out_arrays_take_the_plan_and_receive_the_outputs(model, monkeypatch):
+    """A repeated call whose `out` arrays have the planned shape and dtype runs from the plan: one
+    staging copy in, one copy back per returned output, written into the caller's arrays (which
+    are what infer returns); other outputs come back as fresh arrays; a wrong dtype still gets the
+    general check's error."""
+    slot = model.pool.slots[0]
+    feeds = feeds_of(3, 5, seed=7)
+    model.infer(feeds, outputs=["sum", "hidden"])  # the shapes pass the full check once
+    general = []
+    start = model._start
+    monkeypatch.setattr(model, "_start", lambda *a, **k: general.append(1) or start(*a, **k))
+    for seed in (8, 9):
+        feeds = feeds_of(3, 5, seed=seed)
+        want = expected(feeds)
+        mine = np.full(3, -1, np.float32)
+        model.rt.copies.clear()
+        runs = slot.context.runs
+        got = model.infer(feeds, outputs=["sum", "hidden"], out={"sum": mine})
+        assert got["sum"] is mine
+        np.testing.assert_array_equal(mine, want["sum"])
+        np.testing.assert_array_equal(got["hidden"], want["hidden"])
+        assert [k for k, _ in model.rt.copies] == ["HostToDevice", "DeviceToHost", "DeviceToHost"]
+        assert slot.context.runs == runs + 1
+    assert not general  # no call took the general path
+    with pytest.raises(engine_mod.InputError, match=r"out\[sum\] has dtype float64"):
+        model.infer(feeds, outputs=["sum"], out={"sum": np.zeros(3, np.float64)})
+    assert general
+    np.testing.assert_array_equal(model.infer(feeds, outputs=["sum"])["sum"], expected(feeds)["sum"])
+
+
 def test_bad_feeds_after_planned_calls_fail_and_leave_the_slot_usable(model):
     good = feeds_of(2, 3, seed=5)
     model.infer(good)

@@ -48,7 +48,7 @@ class Handle:
     def __init__(self, model: Model):
         self.model, self.backend = model, model.backend
         self.outputs = {s.name: s for s in model.outputs}
-        self.plans: dict[tuple, list] = {}  # a call's checked inputs -> its outputs' shapes (_plan)
+        self.plans: dict[tuple, tuple] = {}  # a call's checked inputs -> (its outputs' shapes, _direct)
 
     def close(self) -> None:
         self.model.close()
@@ -150,7 +150,7 @@ def _output_specs(handle: Handle, out_names: Sequence[str | None]):
 def output_shapes(handle: Handle, names, codes, shapes, out_names) -> list[tuple[int, tuple]]:
     """(dtype code, shape) per requested output for these input shapes, from the model's
     description: dynamic output axes take the size of the input axis of the same name."""
-    plan = _plan(handle, names, codes, shapes, out_names)
+    plan, _ = _plan(handle, names, codes, shapes, out_names)
     for spec, shape, _ in plan:
         if shape is None:
             raise errors.UnsupportedError(f"output {spec.name} axis {spec.shape.index(-1)} does not follow from "
@@ -159,9 +159,10 @@ def output_shapes(handle: Handle, names, codes, shapes, out_names) -> list[tuple
     return [(dtype_code(spec.dtype), shape) for spec, shape, _ in plan]
 
 
-def _plan(handle: Handle, names, codes, shapes, out_names) -> list:
-    """[(output spec, shape, bytes; None where the input shapes do not give them)] for a call: the
-    inputs' names, dtypes and shapes validated (InputError) on the first call of each combination."""
+def _plan(handle: Handle, names, codes, shapes, out_names) -> tuple:
+    """([(output spec, shape, bytes; None where the input shapes do not give them)], `_direct` of it)
+    for a call: the inputs' names, dtypes and shapes validated (InputError) on the first call of
+    each combination."""
     key = (tuple(names), tuple(codes), tuple(shapes), tuple(out_names))
     plan = handle.plans.get(key)
     if plan is None:
@@ -177,6 +178,7 @@ def _plan(handle: Handle, names, codes, shapes, out_names) -> list:
             shape = _resolve(spec, sizes)
             nbytes = None if shape is None else math.prod(shape) * np.dtype(spec.dtype).itemsize
             plan.append((spec, shape, nbytes))
+        plan = (plan, _direct(plan))
         if len(handle.plans) < 256:
             handle.plans[key] = plan
     return plan
@@ -200,12 +202,20 @@ def _too_small(name: str, dtype, shape, nbytes: int, buf) -> BufferTooSmall:
 def run(handle: Handle, names, codes, shapes, buffers, out_names, out_buffers) -> list[tuple[int, tuple]]:
     """Runs one batch computing only the requested outputs; every buffer's size is checked before
     any is written (before the run where the input shapes give the output's); copies each output
-    into its buffer; returns (dtype code, shape)."""
-    plan = _plan(handle, names, codes, shapes, out_names)
+    into its buffer; returns (dtype code, shape). Where the input shapes give every output's shape,
+    `infer` writes straight into the caller's buffers (`out=`): one copy, no array in between."""
+    plan, direct = _plan(handle, names, codes, shapes, out_names)
     for (spec, shape, nbytes), buf in zip(plan, out_buffers):
         if nbytes is not None and nbytes > len(buf):
             raise _too_small(spec.name, spec.dtype, shape, nbytes, buf)
-    outputs = handle.model.infer(_feeds(names, codes, shapes, buffers), outputs=[spec.name for spec, _, _ in plan])
+    feeds = _feeds(names, codes, shapes, buffers)
+    if direct:
+        selected, returned = direct
+        out = {spec.name: np.frombuffer(buf, spec.dtype, count=math.prod(shape)).reshape(shape)
+               for (spec, shape, _), buf in zip(plan, out_buffers)}
+        handle.model.infer(feeds, outputs=selected, out=out)
+        return returned
+    outputs = handle.model.infer(feeds, outputs=[spec.name for spec, _, _ in plan])
     values = [np.ascontiguousarray(outputs[spec.name]) for spec, _, _ in plan]
     result = []
     for (spec, _, _), value, buf in zip(plan, values, out_buffers):
@@ -218,6 +228,21 @@ def run(handle: Handle, names, codes, shapes, buffers, out_names, out_buffers) -
     for value, buf in zip(values, out_buffers):
         np.copyto(np.frombuffer(buf, value.dtype, count=value.size).reshape(value.shape), value)
     return result
+
+
+def _direct(plan: list) -> tuple:
+    """(output names, the run's [(dtype code, shape)]) when every output's shape and dtype code are
+    known before the run and no output is asked for twice (the caller's buffers can take the
+    outputs directly); () otherwise."""
+    if len({spec.name for spec, _, _ in plan}) != len(plan):
+        return ()
+    returned = []
+    for spec, shape, _ in plan:
+        code = DTYPES.index(spec.dtype) if spec.dtype in DTYPES and spec.dtype != "bfloat16" else None
+        if shape is None or code is None:
+            return ()
+        returned.append((code, shape))
+    return [spec.name for spec, _, _ in plan], returned
 
 
 def prepare(handle: Handle, names, codes, shapes, out_names) -> tuple:

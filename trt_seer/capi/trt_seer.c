@@ -68,6 +68,7 @@ static const size_t DTYPE_SIZES[] = {4, 2, 2, 8, 8, 4, 1, 1, 1};
 static _Thread_local char last_error[1024];
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static PyObject *bridge; /* NULL when the runtime could not start; init_error says why */
+static PyObject *bridge_run; /* bridge.run, looked up once: it is called on every trt_seer_run */
 static char init_error[1024];
 static int own_interpreter; /* started here (not a Python host's) */
 
@@ -275,6 +276,7 @@ static void import_bridge(void) {
         snprintf(init_error, sizeof init_error, "%s", text);
     else if (text)
         bridge = PyImport_ImportModule("trt_seer.capi.bridge");
+    if (bridge && (bridge_run = PyObject_GetAttrString(bridge, "run")) == NULL) Py_CLEAR(bridge);
     if (bridge == NULL && !(text && *text)) {
         char buf[768];
         exception_text(buf, sizeof buf);
@@ -330,7 +332,7 @@ static trt_seer_status from_exception(void) {
 /* bridge.<fn>(*args); steals args. */
 static PyObject *call(const char *fn, PyObject *args) {
     if (args == NULL) return NULL;
-    PyObject *f = PyObject_GetAttrString(bridge, fn);
+    PyObject *f = strcmp(fn, "run") == 0 ? Py_NewRef(bridge_run) : PyObject_GetAttrString(bridge, fn);
     PyObject *r = f ? PyObject_CallObject(f, args) : NULL;
     Py_XDECREF(f);
     Py_DECREF(args);
