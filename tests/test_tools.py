@@ -6,6 +6,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
@@ -227,3 +228,38 @@ def test_int4_qat_table_reads_the_gate_and_compares_with_the_base():
     assert [c.strip() for c in rows[0]] == ["qat", "skipped (QAT)", "2", "+0.40% / 0.9000", "+0.20% / 0.9700",
                                             "100.00", "102.00 (-49.00%)", "0.9000", "+1.00% / 0.9600", "0.9500"]
     assert [c.strip() for c in rows[1]][2:5] == ["fail", "-", "-"]
+
+
+def test_attention_probe_forms_compute_the_same_attention_and_update_the_cache():
+    """The three forms of tools/probe_attention.py on ONNX Runtime (FP32): the same output, and the
+    in-place forms' present = the past with the new position written at the index."""
+    import onnxruntime as ort
+
+    probe = load_tool("probe_attention")
+    rng = np.random.default_rng(0)
+    batch, window, used, layers = 2, 512, 300, 2
+    new = {n: rng.standard_normal((batch, h, 1, probe.D)).astype(np.float32)
+           for n, h in (("q", probe.HQ), ("k", probe.HK), ("v", probe.HK))}
+    caches = [rng.standard_normal((batch, probe.HK, window, probe.D)).astype(np.float32) for _ in range(2 * layers)]
+    outs = {}
+    for kind in ("exported", "in place", "chunked"):
+        feeds = dict(new, **{f"p{t}{i}": caches[2 * i + (t == "v")] for i in range(layers) for t in "kv"})
+        if kind == "exported":
+            mask = np.full((batch, 1, 1, window + 1), -65504.0, np.float32)
+            mask[..., :used] = 0
+            mask[..., window] = 0
+        else:
+            mask = np.zeros((batch, 1, 1, window), bool)
+            mask[..., :used + 1] = True
+            feeds["idx"] = np.full(batch, used, np.int64)
+        feeds["mask"] = mask
+        model = probe._graph(kind, batch, window, layers, dtype=np.float32)
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        y, ck0 = session.run(["y", "ck0"], feeds)
+        outs[kind] = y
+        if kind != "exported":
+            want = caches[0].copy()
+            want[:, :, used] = new["k"][:, :, 0]
+            np.testing.assert_array_equal(ck0, want)
+    np.testing.assert_allclose(outs["in place"], outs["exported"], atol=1e-5)
+    np.testing.assert_allclose(outs["chunked"], outs["exported"], atol=1e-5)
