@@ -51,9 +51,9 @@ def _graph(kind: str, batch: int, window: int, layers: int, dtype=np.float16):
     cache = window if kind != "exported" else window + 1  # positions of present
     if kind == "exported":
         ins.append(io("mask", [batch, 1, 1, cache]))
-        const("s5", np.array([batch, HK, 1, cache, D], np.int64))
-        const("e5", np.array([batch, HK, HQ // HK, cache, D], np.int64))
-        const("s4", np.array([batch, HQ, cache, D], np.int64))
+        const("shape5", np.array([batch, HK, 1, cache, D], np.int64))
+        const("expand5", np.array([batch, HK, HQ // HK, cache, D], np.int64))
+        const("shape4", np.array([batch, HQ, cache, D], np.int64))
     else:
         ins += [io("idx", [batch], T.INT64), io("mask", [batch, 1, 1, window], T.BOOL)]
     if kind == "chunked":
@@ -87,8 +87,8 @@ def _block(kind: str, i: int, q: str) -> list:
     if kind == "exported":
         nodes = []
         for t in "kv":
-            nodes += [n("Concat", [f"p{t}{i}", t], [f"c{t}{i}"], axis=2), n("Reshape", [f"c{t}{i}", "s5"], [f"r{t}{i}"]),
-                      n("Expand", [f"r{t}{i}", "e5"], [f"x{t}{i}"]), n("Reshape", [f"x{t}{i}", "s4"], [f"g{t}{i}"])]
+            nodes += [n("Concat", [f"p{t}{i}", t], [f"c{t}{i}"], axis=2), n("Reshape", [f"c{t}{i}", "shape5"], [f"r{t}{i}"]),
+                      n("Expand", [f"r{t}{i}", "expand5"], [f"x{t}{i}"]), n("Reshape", [f"x{t}{i}", "shape4"], [f"g{t}{i}"])]
         return nodes + [n("Transpose", [f"gk{i}"], [f"kt{i}"], perm=[0, 1, 3, 2]), n("MatMul", [q, f"kt{i}"], [f"s{i}"]),
                         n("Mul", [f"s{i}", "scale"], [f"ss{i}"]), n("Add", [f"ss{i}", "mask"], [f"sm{i}"]),
                         n("Softmax", [f"sm{i}"], [f"p{i}"], axis=-1), n("MatMul", [f"p{i}", f"gv{i}"], [f"y{i}"])]
