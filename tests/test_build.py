@@ -10,8 +10,10 @@ import pytest
 from tiny import make_tiny_checkpoint
 from trt_seer.engine import manifest
 from trt_seer.engine import trt
+from trt_seer.decoder_io import new_of
 from trt_seer.engine.build import BuildSpec, cache_key
-from trt_seer.errors import ManifestMismatchError, UnsupportedError
+from trt_seer.engine.kv_outputs import mark_new_kv_outputs
+from trt_seer.errors import BuildError, ManifestMismatchError, UnsupportedError
 from trt_seer.export.families import ShapeProfile
 from trt_seer.runtime.loader import check_manifest
 
@@ -93,6 +95,7 @@ def test_changed_profile_rebuilds(default_build):
 def test_cache_key_covers_settings_and_flavor():
     flavor = trt.load()
     base = cache_key("abc", BuildSpec(), flavor)
+    assert base != cache_key("abc", BuildSpec(), flavor, decoder=True)  # decoders' engines give new_key_values
     assert base == cache_key("abc", BuildSpec(), flavor)
     assert base != cache_key("abd", BuildSpec(), flavor)
     assert base != cache_key("abc", BuildSpec(profile=ShapeProfile((1, 2, 4))), flavor)
@@ -124,6 +127,12 @@ def test_tiny_family_fp16_engine(tmp_path, model_type, task):
             {"max_batch": 4, "max_prompt": 32, "max_total": 64, "kv_dtype": "float16"}
         past = next(v for v in m["io"]["inputs"] if v["name"] == "past_key_values.0.key")
         assert past["dtype"] in ("float16", "half") and past["shape"][2] == -1
+        # the engine gives each step's own keys and values, not the grown cache (engine/kv_outputs.py)
+        pasts = [v for v in m["io"]["inputs"] if v["name"].startswith("past_key_values.")]
+        outs = {v["name"]: v for v in m["io"]["outputs"]}
+        assert not [n for n in outs if n.startswith("present.")] and pasts
+        for v in pasts:
+            assert outs[new_of(v["name"])]["shape"] == v["shape"] and outs[new_of(v["name"])]["dtype"] == v["dtype"]
 
 
 @pytest.mark.skipif(not trt.available() or not trt.load().is_rtx, reason="compute-capability targets are TensorRT-RTX's")
@@ -212,3 +221,36 @@ def test_tensorrt_log_goes_to_the_trt_seer_logger_not_stderr(caplog, capfd):
                    ("trt_seer.tensorrt", logging.DEBUG, "[TensorRT] INFO: fyi")]
     assert quiet.errors == verbose.errors == ["bad\nsecond line"]
     assert capfd.readouterr() == ("", "")
+
+
+def test_a_present_output_that_is_not_the_concat_of_its_past_is_refused():
+    """engine/kv_outputs.py rewires `present = Concat(past, new)` (new computed in the graph); any
+    other producer is a graph it does not know, and the build stops with one line instead of giving
+    an engine the runtime would misread."""
+    flavor = trt.load()
+    builder = flavor.trt.Builder(trt.logger(flavor))
+
+    def network_with(present_of):
+        network = trt.strongly_typed_network(flavor, builder)
+        past = network.add_input("past_key_values.0.key", flavor.trt.float16, (1, 2, 4, 8))
+        x = network.add_input("x", flavor.trt.float16, (1, 2, 4, 8))
+        out = present_of(network, past, x)
+        out.name = "present.0.key"
+        network.mark_output(out)
+        return network
+
+    def concat(network, past, new):
+        layer = network.add_concatenation([past, new])
+        layer.axis = 2
+        return layer.get_output(0)
+
+    refused = {"a sum": lambda n, p, x: n.add_elementwise(p, x, flavor.trt.ElementWiseOperation.SUM).get_output(0),
+               "the past second": lambda n, p, x: concat(n, n.add_identity(x).get_output(0), p),
+               "an input as the new part": concat}
+    for why, made in refused.items():
+        with pytest.raises(BuildError, match=r"present\.0\.key is not Concat\(past_key_values\.0\.key, new\)"):
+            mark_new_kv_outputs(flavor, network_with(made))
+            pytest.fail(why)
+    network = network_with(lambda n, p, x: concat(n, p, n.add_identity(x).get_output(0)))
+    assert mark_new_kv_outputs(flavor, network) == 1
+    assert [network.get_output(i).name for i in range(network.num_outputs)] == ["new_key_values.0.key"]

@@ -118,7 +118,7 @@ def _engine_current(art: Artifacts, record: dict, request, precision: str) -> bo
     from trt_seer.records import up_to_date
 
     engine = art.path(f"{precision}.engine")
-    key = cache_key(record["sha256"], request.engine_spec(precision), trt.load())
+    key = cache_key(record["sha256"], request.engine_spec(precision), trt.load(), decoder=True)
     return up_to_date(engine, manifest.engine_manifest_path(engine), key) is not None
 
 

@@ -6,6 +6,9 @@ runtime (steps it). Needs only numpy, so every stage may import it.
     feeds = step_feeds(ids, mask, seq=1)       # position_ids counted over real tokens
 
 Cache tensors are (batch, kv_heads, past, head_dim); `present.{i}.key/value` come out with past+seq.
+A TensorRT decoder engine gives `new_key_values.{i}.key/value` instead of `present`: the step's own
+keys and values (batch, kv_heads, seq, head_dim), which the runtime writes into its one cache
+(engine/kv_outputs.py, runtime/decoder_trt.py).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import numpy as np
 TOKEN_AXES = {0: "batch", 1: "seq"}  # the dynamic axes of token tensors
 TOKEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
 KV_KINDS = ("key", "value")
-PAST_PREFIX, PRESENT_PREFIX = "past_key_values.", "present."
+PAST_PREFIX, PRESENT_PREFIX, NEW_PREFIX = "past_key_values.", "present.", "new_key_values."
 NEXT_TOKEN = "next_token"  # the greedy next token per row, [batch, 1] int64 (ArgMax of the last logits)
 
 
@@ -38,6 +41,11 @@ def is_past(name: str) -> bool:
 def present_of(past_name: str) -> str:
     """The output that carries input `past_name` to the next step."""
     return PRESENT_PREFIX + past_name.removeprefix(PAST_PREFIX)
+
+
+def new_of(past_name: str) -> str:
+    """The engine output with the step's own keys or values for cache input `past_name`."""
+    return NEW_PREFIX + past_name.removeprefix(PAST_PREFIX)
 
 
 def position_ids(mask: np.ndarray, seq: int | None = None) -> np.ndarray:

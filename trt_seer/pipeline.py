@@ -142,7 +142,7 @@ def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tupl
 
     onnx_path = art.path(f"{onnx_record['precision']}.onnx")
     engine_path = art.path(f"{spec.precision}.engine")
-    key = cache_key(onnx_record["sha256"], spec, trt_adapter.load())
+    key = cache_key(onnx_record["sha256"], spec, trt_adapter.load(), decoder="decoder" in onnx_record)
     extra = engine_extra(onnx_record, onnx_path, spec)
     current = None if force else up_to_date(engine_path, manifest.engine_manifest_path(engine_path), key)
     if current:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.engine import manifest, profiles
+from trt_seer.engine import kv_outputs, manifest, profiles
 from trt_seer.export import onnxio
 from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import BuildError
@@ -49,13 +49,15 @@ class BuildSpec:
         return d
 
 
-def cache_key(onnx_sha: str, spec: BuildSpec, flavor: trt_adapter.Flavor) -> str:
-    """Engine cache key: ONNX hash + build settings + TensorRT flavor and version + targets."""
+def cache_key(onnx_sha: str, spec: BuildSpec, flavor: trt_adapter.Flavor, decoder: bool = False) -> str:
+    """Engine cache key: ONNX hash + build settings + TensorRT flavor and version + targets (+ the
+    cache outputs a decoder's engine gives, engine/kv_outputs.py)."""
     targets = trt_adapter.target_description(flavor, spec.hardware_compat, spec.compute_caps)
     if targets["mode"] in trt_adapter.NEEDS_BUILD_GPU:  # an engine for another GPU is no cache hit
         targets = trt_adapter.with_build_gpu(targets, trt_adapter.build_gpu())
+    extra = {"kv_outputs": kv_outputs.KV_OUTPUTS} if decoder else {}
     return sha256_json({"onnx": onnx_sha, "settings": spec.settings(), **flavor.describe(),
-                        "targets": targets})
+                        "targets": targets, **extra})
 
 
 def _parse(flavor, builder, onnx_path: Path):
@@ -171,6 +173,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
     trt_logger = trt_adapter.logger(flavor, spec.verbose)
     builder = flavor.trt.Builder(trt_logger)
     network, _parser = _parse(flavor, builder, Path(onnx_path))
+    decoder = kv_outputs.mark_new_kv_outputs(flavor, network) > 0
     with sigint_flag() as interrupted:
         trt_logger.cancelled = interrupted.is_set
         config, targets, _monitor = _config(flavor, builder, network, spec, timing_cache, interrupted.is_set)
@@ -195,7 +198,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
         "tensorrt": flavor.describe(), "targets": targets, "build_gpu": trt_adapter.build_gpu(),
         "profiles": [spec.profile.to_dict()], "io": _io(flavor, network),
         "optimization_profiles": profiles.describe(network_profiles(network, spec)),
-        "build": {"key": cache_key(onnx_sha, spec, flavor), "settings": spec.settings(),
+        "build": {"key": cache_key(onnx_sha, spec, flavor, decoder), "settings": spec.settings(),
                   "seconds": round(seconds, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "timing_cache": str(timing_cache.name) if timing_cache and flavor.has_timing_cache else None},
         **(extra or {}),
