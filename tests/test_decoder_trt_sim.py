@@ -3,7 +3,9 @@ empty cache, then one token per step, through the decoder's own buffers, binding
 2-D cache copies and window promotions. CUDA memory is ordinary memory (copies are memmoves, 2-D copies row by row) and
 the "engine" is a toy decoder that computes its logits from the whole cache it is bound to, so a
 step reads a wrong, stale or misaligned cache entry only by giving other logits than the same
-sequence run at once. Real kernels: tests/test_generate_gpu.py."""
+sequence run at once. Every test runs on both kinds of engine: with `present` outputs (the window +
+the new token) and with `new_key_values` (only the step's own keys and values, engine/kv_outputs.py).
+Real kernels: tests/test_generate_gpu.py."""
 from __future__ import annotations
 
 import ctypes
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 
 import trt_seer.runtime.cuda as cuda
-from trt_seer.decoder_io import decoder_io, is_past, position_ids, step_feeds
+from trt_seer.decoder_io import decoder_io, is_past, new_of, position_ids, step_feeds
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError
 from trt_seer.runtime import decoder_trt
@@ -140,7 +142,11 @@ class Context:
             presents[name] = np.concatenate([past, new], axis=2)
         assert mask.shape[1] == next(iter(presents.values())).shape[2], "mask and cache lengths differ"
         for name, value in presents.items():
-            array_at(self.addresses[name.replace("past_key_values.", "present.")], value.shape, np.float32)[...] = value
+            if self.engine.new_kv:  # only the step's own positions
+                value = value[:, :, value.shape[2] - ids.shape[1]:]
+                array_at(self.addresses[new_of(name)], value.shape, np.float32)[...] = value
+            else:
+                array_at(self.addresses[name.replace("past_key_values.", "present.")], value.shape, np.float32)[...] = value
         keys = [presents[n] for n in self.engine.past_names if n.endswith("key")]
         values = [presents[n] for n in self.engine.past_names if n.endswith("value")]
         logits = logits_from(keys, values, mask)
@@ -156,8 +162,11 @@ class Engine:
 
     num_optimization_profiles = 2
 
-    def __init__(self, next_token=False):
+    def __init__(self, next_token=False, new_kv=False):
         inputs, outputs = decoder_io(LAYERS)
+        if new_kv:
+            outputs = ("logits", *(new_of(n) for n in inputs if is_past(n)))
+        self.new_kv = new_kv
         self.names = inputs + outputs + (("next_token",) if next_token else ())
         self.num_io_tensors = len(self.names)
         self.past_names = [n for n in inputs if is_past(n)]
@@ -169,14 +178,14 @@ class Engine:
     def get_tensor_dtype(self, name):
         if name == "next_token":
             return "int32"
-        return "float32" if name == "logits" or name.startswith(("past_", "present.")) else "int64"
+        return "float32" if name == "logits" or name.startswith(("past_", "present.", "new_key")) else "int64"
 
     def get_tensor_shape(self, name):
         if name == "next_token":
             return (-1, 1)
         if name == "logits":
             return (-1, 1, VOCAB)
-        return (-1, HEADS, -1, DIM) if name.startswith(("past_", "present.")) else (-1, -1)
+        return (-1, HEADS, -1, DIM) if name.startswith(("past_", "present.", "new_key")) else (-1, -1)
 
     device_memory_size_v2 = 96  # the scratch the largest profile needs
 
@@ -185,9 +194,10 @@ class Engine:
         return self.contexts[-1]
 
 
-@pytest.fixture
-def open_decoder(monkeypatch, tmp_path):
-    """`open_decoder(cache)`: a TensorRTDecoder over the toy engine, on simulated CUDA."""
+@pytest.fixture(params=["present", "new_key_values"])
+def open_decoder(monkeypatch, tmp_path, request):
+    """`open_decoder(cache)`: a TensorRTDecoder over the toy engine, on simulated CUDA; each test
+    runs with both kinds of cache output."""
     rt = MemoryRuntime()
     monkeypatch.setattr(cuda, "cudart", lambda: rt)
     monkeypatch.setattr(cuda, "memcpy_kind", lambda kind: kind)
@@ -202,7 +212,7 @@ def open_decoder(monkeypatch, tmp_path):
 
     def load_engine(path, options, manifest):
         return LoadedEngine(path, manifest, flavor, types.SimpleNamespace(index=0), types.SimpleNamespace(errors=[]),
-                            object(), Engine(manifest.get("next_token", False)), jit)
+                            object(), Engine(manifest.get("next_token", False), request.param != "present"), jit)
 
     monkeypatch.setattr(decoder_trt, "load_engine", load_engine)
     path = tmp_path / "toy.fp32.engine"
@@ -251,7 +261,11 @@ def test_prefill_then_decode_steps_match_the_whole_sequence_at_once(open_decoder
     prefill, decode = dec.engine.contexts
     assert (decode.profile, prefill.profile) == (0, 1) and (decode.runs, prefill.runs) == (6, 1)
     assert dec.past == 11 and dec.last_gpu_ms == 0.5
-    assert dec.rt.copies2d == (7 if cache == "window" else 0)  # the prompt lands, then each new position
+    # present: the prompt lands, then each new position (grow: the engine writes the grown cache);
+    # new_key_values: the prompt moves through the 96-byte scratch (8 rows of 5 positions, 2 a
+    # chunk: 4 chunks out and back), then each new position (grow: the cache, then the new position)
+    want = {("present", "window"): 1 + 6, ("present", "grow"): 0, ("new", "window"): 8 + 6, ("new", "grow"): 2 * 6}
+    assert dec.rt.copies2d == want["new" if dec.new_kv else "present", cache]
 
 
 def decode_along(dec, ids, mask, steps):
@@ -371,17 +385,26 @@ def test_generation_stats_carry_the_decoders_device_time(open_decoder):
 
 
 def test_copies_per_step_follow_the_alignment(open_decoder, monkeypatch):
-    """Left: one position per row goes into the window each step; right: the whole window slides."""
-    sizes = {}
+    """Left: one position per row goes into the window each step; right: the whole window slides
+    (with `new_key_values`, out to the staging buffer and back, then the new position)."""
+    moved = {}
     for align in ("left", "right"):
         dec = open_decoder("window", windows=(8,))
         dec.align, seen, real = align, [], type(dec.rt).cudaMemcpy2DAsync
-        monkeypatch.setattr(dec.rt, "cudaMemcpy2DAsync", lambda *a, rt=dec.rt: seen.append(a[4]) or real(rt, *a))
+        monkeypatch.setattr(dec.rt, "cudaMemcpy2DAsync", lambda *a, rt=dec.rt: seen.append(a[4] * a[5]) or real(rt, *a))
         ids = np.array([[3, 7, 1]], np.int64)
-        decode_along(dec, ids, np.ones_like(ids), steps=3)
-        sizes[align] = seen[1:]  # after the prompt's landing: the width in bytes of each step's copy
-    row = DIM * 4  # one float32 position
-    assert sizes == {"left": [row] * 3, "right": [8 * row] * 3}
+        dec.reset(1)
+        dec.step(ids, np.ones_like(ids), position_ids(np.ones_like(ids)))
+        per_step = []
+        for i in range(3):
+            seen.clear()
+            mask = np.ones((1, 4 + i), np.int64)
+            dec.step(np.array([[i]]), mask, position_ids(mask, 1))
+            per_step.append(sum(seen))
+        moved[align] = per_step
+    rows, row = 2 * LAYERS, DIM * 4  # keys and values per layer, one float32 position
+    window = (2 * 7 + 1) * rows * row if dec.new_kv else 8 * rows * row
+    assert moved == {"left": [rows * row] * 3, "right": [window] * 3}
 
 
 @pytest.mark.parametrize("cache", ["window", "grow"])
@@ -417,4 +440,18 @@ def test_every_context_shares_one_scratch_block(open_decoder):
     contexts = dec.engine.contexts
     assert len(contexts) >= 3 and {c.strategy for c in contexts} == {"USER_MANAGED"}
     assert {c.memory for c in contexts} == {(dec._scratch.device_ptr, 96)}
-    assert sum(1 for size in map(len, (b for b in dec.rt.blocks.values())) if size == 96) == 1
+    others = [b for at, b in dec.rt.blocks.items() if dec._new is None or at != dec._new.device_ptr]
+    assert sum(1 for b in others if len(b) == 96) == 1  # (`_new`, 12 rows of 8 bytes, is no scratch)
+
+
+@pytest.mark.parametrize("cache", ["window", "grow"])
+def test_an_engine_with_new_key_values_holds_the_window_cache_once(open_decoder, cache):
+    """`present` engines hold the window and the engine's window + 1 output; `new_key_values` ones
+    the window and one position per row (grow: two buffers either way)."""
+    dec = open_decoder(cache)
+    rows, row = 2 * LAYERS * MAX_BATCH * HEADS, DIM * 4
+    if cache == "grow":
+        want = 2 * MAX_TOTAL * rows * row + (rows * row if dec.new_kv else 0)
+    else:
+        want = (MAX_TOTAL - 1 + 1) * rows * row if dec.new_kv else (MAX_TOTAL - 1 + MAX_TOTAL) * rows * row
+    assert dec.kv_cache_bytes == want

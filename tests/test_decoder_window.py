@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trt_seer.runtime.kv_window import (append_copy, land_copy, pick_window, slide_copy, window_mask,
-                                        window_sizes)
+from trt_seer.runtime.kv_window import (append_copy, grow_copies, keep_new, land_copy, pick_window, slide_copy,
+                                        staged_moves, window_mask, window_sizes)
 
 LAYERS, BATCH, HEADS, DIM = 3, 2, 2, 4  # rows = layers x batch x heads; fp16 positions of DIM values
 ROW = DIM * 2
@@ -62,6 +62,55 @@ def test_window_copies_hold_the_grown_cache_across_promotions(prompt, steps, win
         held, empty = in_use(buf, window, used, align)
         np.testing.assert_array_equal(held, grown)
         assert not empty.any()  # empty slots stay zero (masked, not NaN)
+
+
+@pytest.mark.parametrize("align", ["left", "right"])
+@pytest.mark.parametrize("staging_rows", [1, 5, ROWS])
+@pytest.mark.parametrize("prompt,steps,windows", [(3, 10, (4, 8, 15)), (5, 2, (7,)), (1, 14, (2, 4, 8, 15))])
+def test_one_buffer_holds_the_grown_cache_with_new_key_values(prompt, steps, windows, align, staging_rows):
+    """Engines with `new_key_values`: the prompt's keys and values land from where the engine wrote
+    them (packed at the buffer's start), each step's go into their slot, promotions and the slide
+    move within the one buffer through a staging buffer of a few rows; the buffer holds the grown
+    cache and its empty slots numbers (it was zeroed once)."""
+    rng = np.random.default_rng(prompt)
+    buf = np.zeros(ROWS * windows[-1] * ROW, np.uint8)
+    staging = np.full(staging_rows * windows[-1] * ROW, 0xFF, np.uint8)  # NaN bytes: must never reach the cache
+    grown = rng.standard_normal((ROWS, prompt, DIM)).astype(np.float16)
+    buf[:grown.nbytes] = as_bytes(grown)  # the prompt step's new_key_values, `prompt` per row
+    window, past, new = None, 0, as_bytes(grown)
+    for step in range(steps + 1):
+        seq = prompt if step == 0 else 1
+        plan = keep_new(ROWS, ROW, windows, window, past, seq, align, staging.nbytes)
+        for move in plan.moves:
+            memcpy2d(staging, buf, move.out)
+            memcpy2d(buf, staging, move.back)
+        if plan.new is not None:
+            memcpy2d(buf, new, plan.new)
+        window, past = plan.window, past + seq
+        held, empty = in_use(buf, window, past, align)
+        np.testing.assert_array_equal(held, grown, err_msg=f"step {step}, window {window}")
+        assert np.isfinite(empty).all()
+        kv = rng.standard_normal((ROWS, 1, DIM)).astype(np.float16)
+        grown, new = np.concatenate([grown, kv], axis=1), as_bytes(kv)
+
+
+def test_staged_moves_refuse_what_they_cannot_order_and_skip_what_is_in_place():
+    assert staged_moves(4, (0, 16), (0, 16), 16, 64) == []
+    with pytest.raises(ValueError, match="one of offset and pitch grows"):
+        staged_moves(4, (8, 16), (0, 32), 16, 64)
+    with pytest.raises(ValueError, match="does not fit"):
+        staged_moves(4, (0, 16), (0, 32), 16, 8)
+
+
+def test_grow_copies_lengthen_every_row_by_the_new_position():
+    past, rng = 3, np.random.default_rng(0)
+    cache = rng.standard_normal((ROWS, past, DIM)).astype(np.float16)
+    kv = rng.standard_normal((ROWS, 1, DIM)).astype(np.float16)
+    out = np.full(ROWS * (past + 1) * ROW, 0xFF, np.uint8)
+    old, new = grow_copies(ROWS, ROW, past)
+    memcpy2d(out, as_bytes(cache), old)
+    memcpy2d(out, as_bytes(kv), new)
+    np.testing.assert_array_equal(out.view(np.float16).reshape(ROWS, past + 1, DIM), np.concatenate([cache, kv], 1))
 
 
 def test_window_sizes_double_up_to_the_longest_cache():

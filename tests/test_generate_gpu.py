@@ -58,9 +58,11 @@ def _steps(step, ids: np.ndarray, n: int, pad: int = 0, tokens: list | None = No
     return logits, fed
 
 
-@pytest.mark.parametrize("cache", ["window", "grow"])
+@pytest.mark.parametrize("cache", ["window", "grow", "ladder"])
 @pytest.mark.parametrize("precision", ["fp16", "int8", "int4"])
 def test_engine_steps_match_onnx_runtime(engines, precision, cache):
+    """"ladder": small windows, so that both batches cross promotions (the cache moved within its
+    buffer through the scratch block) and the prompts land in windows larger than themselves."""
     from trt_seer.runtime.decoder_ort import OrtDecoderStep
     from trt_seer.runtime.decoder_trt import TensorRTDecoder
 
@@ -68,7 +70,10 @@ def test_engine_steps_match_onnx_runtime(engines, precision, cache):
     ids = np.random.default_rng(0).integers(3, 120, (3, 9)).astype(np.int64)
     want, tokens = _steps(OrtDecoderStep(out / f"llama.{precision}.onnx"), ids, 10, pad=4)
     want_again, tokens_again = _steps(OrtDecoderStep(out / f"llama.{precision}.onnx"), ids[:2, :5], 3)
-    with TensorRTDecoder(out / f"llama.{precision}.engine", cache=cache) as dec:
+    windows = (2, 4, 8, 12, 16) if cache == "ladder" else None
+    with TensorRTDecoder(out / f"llama.{precision}.engine", cache="grow" if cache == "grow" else "window",
+                         windows=windows) as dec:
+        assert dec.new_kv  # the engine gives new_key_values (engine/kv_outputs.py)
         got, _ = _steps(dec, ids, 10, pad=4, tokens=tokens)
         assert dec.kv_cache_bytes > 0
         again, _ = _steps(dec, ids[:2, :5], 3, tokens=tokens_again)  # a second batch on the same decoder

@@ -103,7 +103,7 @@ def worked_out(shape: str, args) -> dict:
     kv = 2 * cfg.num_hidden_layers * heads * (cfg.hidden_size // cfg.num_attention_heads) * 2  # bytes per token
     engines = {"fp16": sizes.fp16_bytes, "int8": sizes.quantized_bytes(8, 128, False),
                "int4": sizes.quantized_bytes(4, 128, False)}
-    need = {p: b + 2 * kv * args.max_total for p, b in engines.items()}  # the runtime holds window and window + 1
+    need = {p: b + kv * args.max_total for p, b in engines.items()}  # the cache once (engine/kv_outputs.py)
     return {"shape": shape, "parameters": total, "fp16_bytes": sizes.fp16_bytes, "plan": plan.to_dict(),
             "engine_bytes": engines, "kv_bytes_per_token": kv, "gpu_bytes_one_sequence": need,
             "fits": {p: [c for c in CARDS if n * 1.1 < c * 1e9] for p, n in need.items()}}
@@ -135,7 +135,7 @@ def _md(shape: str, gpu: str, b: dict, rows: dict, wo: dict, args) -> str:
 
 def _md_worked(rows: list[dict], max_total: int) -> str:
     lines = ["\nWorked out from the build's own plan (no build run), batch 1, one sequence of "
-             f"{max_total} positions (its cache held twice, as the runtime does: the window and window + 1):\n", "| shape | params | peak disk under --out | peak RAM (plan) | "
+             f"{max_total} positions (its cache held once, as the runtime does with engines that give `new_key_values`; without the engine's scratch memory):\n", "| shape | params | peak disk under --out | peak RAM (plan) | "
              "FP16 / INT8 / INT4 engine + KV GiB | fits (GB cards) FP16 / INT8 / INT4 |", "|---|---:|---:|---:|---:|---|"]
     for w in rows:
         n = w["gpu_bytes_one_sequence"]

@@ -21,20 +21,27 @@ Two cache layouts (`cache=`):
   indices. So the layout is left-aligned only when the manifest's `decoder.sliding_window` is null
   (or at least the largest window); otherwise, and for manifests that do not say, the sequence stays
   right-aligned and every step slides the whole window (`align=` overrides).
-- "grow": the cache is as long as the sequence so far; two buffers per layer swap roles every step
-  (the engine reads one and writes the grown cache into the other). Every step is a new shape, so
-  nothing can be replayed: each kernel is launched from the host.
+- "grow": the cache is as long as the sequence so far; two buffers swap roles every step (the
+  engine reads one, and the grown cache goes into the other). Every step is a new shape, so nothing
+  can be replayed: each kernel is launched from the host.
+
+Engines built by this version give the step's own keys and values (`new_key_values`,
+engine/kv_outputs.py) rather than `present`: the window layout then holds the cache once (one
+window buffer, the engine's `present` buffer gone: at 7B with one 4,096-token sequence, 2 GiB) and
+moves within it go through the shared scratch block between steps (kv_window.keep_new). Engines
+with `present` outputs (built before) run as they did.
 """
 from __future__ import annotations
 
 from pathlib import Path
 import numpy as np
 
-from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, is_past, present_of
+from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, is_past, new_of, present_of
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
-from trt_seer.runtime.kv_window import ALIGNS, append_copy, land_copy, pick_window, slide_copy, window_mask, window_sizes
+from trt_seer.runtime.kv_window import (ALIGNS, append_copy, grow_copies, keep_new, land_copy, pick_window, slide_copy,
+                                        window_mask, window_sizes)
 from trt_seer.runtime.loader import EngineOptions, load_engine
 
 SMALL_INPUTS = TOKEN_INPUTS
@@ -127,7 +134,8 @@ class TensorRTDecoder:
         trt = self.flavor.trt
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.past_names = [n for n in names if is_past(n)]
-        self.present_names = [present_of(n) for n in self.past_names]
+        self.new_kv = bool(self.past_names) and all(new_of(n) in names for n in self.past_names)
+        self.present_names = [(new_of if self.new_kv else present_of)(n) for n in self.past_names]
         missing = [n for n in (*SMALL_INPUTS, "logits", *self.present_names) if n not in names]
         if missing or not self.past_names:
             raise InputError(f"{self.path.name} lacks the KV-cache I/O {missing or ['past_key_values.*']}: "
@@ -180,7 +188,10 @@ class TensorRTDecoder:
         b, t, layers = self.max_batch, self.max_total, len(self.past_names)
         self.window = None  # the window the next decode step reads ("window" layout)
         self._row = self.head_dim * self.kv_dtype.itemsize  # bytes of one position of one head
-        if self.cache == "window":  # [layer][batch][head][window][dim], read by the step; its output
+        self._new = self._stage = None
+        if self.new_kv:
+            self._alloc_new(layers * b * self.kv_heads, t)
+        elif self.cache == "window":  # [layer][batch][head][window][dim], read by the step; its output
             self._kv = [cuda.DeviceBuffer(layers * b * self.kv_heads * n * self._row) for n in (t - 1, t)]
         else:  # two [batch][head][total][dim] buffers per layer, swapping roles every step
             kv_bytes = _nbytes((b, self.kv_heads, t, self.head_dim), self.kv_dtype)
@@ -192,7 +203,22 @@ class TensorRTDecoder:
         self._bound = {}  # window -> the batch whose decode shapes and addresses its context has
         self.kv_cache_bytes = sum(buf.nbytes for buf in self._buffers())
 
+    def _alloc_new(self, rows: int, t: int) -> None:
+        """Engines with `new_key_values`: the cache once ([layer][batch][head][window][dim]; "grow":
+        two of them, swapping), the step's new position per row, and a staging buffer for moves
+        within the cache: the shared scratch (free between steps) where it holds a row."""
+        self._kv = [cuda.DeviceBuffer(rows * n * self._row) for n in ((t - 1,) if self.cache == "window" else (t, t))]
+        for buf in self._kv:  # slots are masked until used, but must hold numbers (NaN * 0 is NaN)
+            cuda.memset_async(buf.device_ptr, 0, buf.nbytes, self.stream)
+        self._new = cuda.DeviceBuffer(rows * self._row)
+        widest = (t - 1) * self._row
+        scratch = self._scratch
+        self._stage = (scratch if scratch is not None and scratch.nbytes >= widest
+                       else cuda.DeviceBuffer(widest * min(rows, 64)))
+
     def _buffers(self) -> list:
+        if self.new_kv:
+            return [*self._kv, self._new]
         return list(self._kv) if self.cache == "window" else [*self._kv[0], *self._kv[1]]
 
     # --- running -----------------------------------------------------------------------------
@@ -261,7 +287,7 @@ class TensorRTDecoder:
         if not ctx.execute_async_v3(int(stream)):
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
             raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
-        if window:
+        if window or self.new_kv:
             self._keep(seq, decode)
         self._end.record(stream)
         out.d2h_async(stream, out_bytes)
@@ -271,6 +297,8 @@ class TensorRTDecoder:
 
     def _bind_cache(self, ctx, seq: int, decode: bool) -> None:
         """Shapes and addresses of the cache inputs and outputs for this step."""
+        if self.new_kv:
+            return self._bind_new(ctx, seq, decode)
         if self.cache == "grow":
             kv_shape = (self.batch, self.kv_heads, self.past, self.head_dim)
             for i, (past, present) in enumerate(zip(self.past_names, self.present_names)):
@@ -287,6 +315,21 @@ class TensorRTDecoder:
         if decode:
             self._bound[self.window] = self.batch
 
+    def _bind_new(self, ctx, seq: int, decode: bool) -> None:
+        """`new_key_values` engines: the past from the cache buffer, the step's keys and values into
+        `_new` (a decode step) or packed at the start of the buffer the cache goes to (the prompt)."""
+        per_head, grow = self.batch * self.kv_heads, self.cache == "grow"
+        past_len = self.past if grow else (self.window if decode else 0)
+        past_buf, out_buf = (self._kv[self._cur], self._kv[1 - self._cur]) if grow else (self._kv[0], self._kv[0])
+        for i, (past, new) in enumerate(zip(self.past_names, self.present_names)):
+            # an empty past is read from nowhere; its address only has to differ from the outputs'
+            at = past_buf.device_ptr + i * per_head * past_len * self._row if past_len else self._new.device_ptr
+            self._bind(ctx, past, (self.batch, self.kv_heads, past_len, self.head_dim), at)
+            ctx.set_tensor_address(new, self._new.device_ptr + i * per_head * self._row if decode
+                                   else out_buf.device_ptr + i * per_head * seq * self._row)
+        if decode and not grow:
+            self._bound[self.window] = self.batch
+
     def _decode_context(self, key):
         if key not in self._decode:
             self._decode[key] = self._context(0, decode=True)
@@ -295,6 +338,8 @@ class TensorRTDecoder:
     def _keep(self, seq: int, decode: bool) -> None:
         """Window layout: the step's new keys and values into the window, or the whole `present` into
         the next window when the sequence outgrows this one (module docstring, runtime/kv_window.py)."""
+        if self.new_kv:
+            return self._keep_new(seq, decode)
         rows, used = len(self.past_names) * self.batch * self.kv_heads, self.past + seq
         if decode and used <= self.window:
             c = (append_copy(rows, self.window, self._row, self.past) if self.align == "left"
@@ -307,8 +352,31 @@ class TensorRTDecoder:
             self._copy(land_copy(rows, target, self._row, self.window + 1 if decode else seq, self.align))
         self.window = target
 
-    def _copy(self, c) -> None:
-        cuda.copy2d_async(self._kv[0].device_ptr + c.dst_offset, c.dst_pitch, self._kv[1].device_ptr + c.src_offset,
+    def _keep_new(self, seq: int, decode: bool) -> None:
+        """`new_key_values` engines: the step's keys and values into the cache (kv_window.keep_new;
+        "grow": the cache into the other buffer, one position longer, then the new one)."""
+        rows = len(self.past_names) * self.batch * self.kv_heads
+        if self.cache == "grow":
+            if decode:
+                to, old = self._kv[1 - self._cur], self._kv[self._cur]
+                grown, new = grow_copies(rows, self._row, self.past)
+                self._copy(grown, to, old)
+                self._copy(new, to, self._new)
+            return
+        plan = keep_new(rows, self._row, self.windows, self.window if decode else None, self.past, seq,
+                        self.align, self._stage.nbytes)
+        kv = self._kv[0]
+        for move in plan.moves:
+            self._copy(move.out, self._stage, kv)
+            self._copy(move.back, kv, self._stage)
+        if plan.new is not None:
+            self._copy(plan.new, kv, self._new)
+        self.window = plan.window
+
+    def _copy(self, c, dst=None, src=None) -> None:
+        """One 2-D copy from `src` into `dst` (default: the window layout's `present` into the window)."""
+        dst, src = self._kv[0] if dst is None else dst, self._kv[1] if src is None else src
+        cuda.copy2d_async(dst.device_ptr + c.dst_offset, c.dst_pitch, src.device_ptr + c.src_offset,
                           c.src_pitch, c.width, c.height, "DeviceToDevice", self.stream)
 
     def _bind(self, ctx, name: str, shape, address: int) -> None:
@@ -347,7 +415,7 @@ class TensorRTDecoder:
         self.stream.synchronize()
         self.closed = True
         self._jit_cache.save()
-        scratch = [self._scratch] if self._scratch is not None else []
+        scratch = [b for b in {id(b): b for b in (self._scratch, self._stage) if b is not None}.values()]
         self._prefill, self._decode = None, {}  # the contexts go before the memory they use
         for buf in (*self._buffers(), *self._small.values(), self._logits, *([self._next] if self._next is not None else []),
                     *scratch):

@@ -13,6 +13,12 @@ attention reads about the positions in use, not max_total. Two alignments:
   which a sliding-window attention mask needs.
 When the sequence outgrows its window, `land_copy` moves `present` into the next window (zeroed
 first: empty slots must hold numbers, not NaN). The prompt lands the same way.
+
+Engines built by this version give `new_key_values` (the step's own keys and values) instead of
+`present` (engine/kv_outputs.py), so the runtime holds the cache once: `slot_copy` puts the new
+position into its slot, and moves within the one buffer (a promotion to the next window, the
+right-aligned slide, the prompt's landing from where the engine wrote it) go through a staging
+buffer in chunks of rows (`staged_moves`), ordered so that no chunk overwrites rows not yet moved.
 """
 from __future__ import annotations
 
@@ -79,3 +85,80 @@ def window_mask(mask: np.ndarray, window: int, align: str) -> np.ndarray:
     else:
         out[:, window + 1 - mask.shape[1]:] = mask
     return out
+
+
+def slot_copy(rows: int, window: int, row_bytes: int, slot: int, positions: int = 1) -> Copy2D:
+    """`positions` per row of the engine's new keys/values (packed, pitch positions) into slot
+    `slot` of a window of `window` slots."""
+    width = positions * row_bytes
+    return Copy2D(slot * row_bytes, window * row_bytes, 0, width, width, rows)
+
+
+class Staged(NamedTuple):
+    """One chunk of a move within a buffer: `out` (buffer -> staging, packed) then `back`."""
+
+    out: Copy2D
+    back: Copy2D
+
+
+def staged_moves(rows: int, src: tuple[int, int], dst: tuple[int, int], width: int,
+                 staging_bytes: int) -> list[Staged]:
+    """Moves `rows` rows of `width` bytes within one buffer from (offset, pitch) `src` to `dst`
+    through a staging buffer, as many rows a chunk as it holds. A destination ahead of the source
+    (offset and pitch both at least the source's: a window growing, the prompt landing) is moved
+    from the last chunk back, one behind it (the right-aligned slide) from the first on; either
+    way a chunk lands only on its own rows' or already moved rows' bytes."""
+    if src == dst or not rows:
+        return []
+    ahead = dst[0] >= src[0] and dst[1] >= src[1]
+    if not ahead and not (dst[0] <= src[0] and dst[1] <= src[1]):
+        raise ValueError(f"cannot order a move from {src} to {dst}: one of offset and pitch grows, the other shrinks")
+    if width > staging_bytes:
+        raise ValueError(f"a row of {width} bytes does not fit the {staging_bytes}-byte staging buffer")
+    per = staging_bytes // width
+    starts = range(0, rows, per)
+    moves = []
+    for first in (reversed(starts) if ahead else starts):
+        n = min(per, rows - first)
+        moves.append(Staged(Copy2D(0, width, src[0] + first * src[1], src[1], width, n),
+                            Copy2D(dst[0] + first * dst[1], dst[1], 0, width, width, n)))
+    return moves
+
+
+class Keep(NamedTuple):
+    """What follows a step on an engine with `new_key_values`: `moves` within the cache buffer,
+    then `new` (None: nothing) from the step's new keys/values into their slot; `window` is the
+    window the next step reads (None: the cache is full)."""
+
+    moves: list[Staged]
+    new: Copy2D | None
+    window: int | None
+
+
+def keep_new(rows: int, row_bytes: int, windows: tuple[int, ...], window: int | None, past: int, seq: int,
+             align: str, staging_bytes: int) -> Keep:
+    """The window layout after a step of `seq` tokens on `past` cached ones (`window`: the one the
+    step read; None for the prompt, whose keys and values the engine wrote packed at the buffer's
+    start, `seq` per row)."""
+    used = past + seq
+    if window is not None and used <= window:
+        if align == "left":
+            return Keep([], slot_copy(rows, window, row_bytes, past), window)
+        w = window * row_bytes
+        return Keep(staged_moves(rows, (row_bytes, w), (0, w), w - row_bytes, staging_bytes),
+                    slot_copy(rows, window, row_bytes, window - 1), window)
+    target = pick_window(windows, used)
+    if target is None:
+        return Keep([], None, None)
+    held = seq if window is None else window  # positions per row in the buffer now
+    land = 0 if align == "left" else target - used
+    moves = staged_moves(rows, (0, held * row_bytes), (land * row_bytes, target * row_bytes), held * row_bytes,
+                         staging_bytes)
+    return Keep(moves, None if window is None else slot_copy(rows, target, row_bytes, land + held), target)
+
+
+def grow_copies(rows: int, row_bytes: int, past: int) -> tuple[Copy2D, Copy2D]:
+    """The "grow" layout on an engine with `new_key_values`: the cache of `past` positions per row
+    into the other buffer at pitch past + 1, then the step's new position into slot `past`."""
+    width = past * row_bytes
+    return Copy2D(0, width + row_bytes, 0, width, width, rows), slot_copy(rows, past + 1, row_bytes, past)
