@@ -17,7 +17,7 @@ import pytest
 import trt_seer.runtime.cuda as cuda
 from trt_seer.decoder_io import decoder_io, is_past, new_of, position_ids, step_feeds
 from trt_seer.engine import manifest as manifest_io
-from trt_seer.errors import InputError
+from trt_seer.errors import InputError, UnsupportedError
 from trt_seer.runtime import decoder_trt
 from trt_seer.runtime.loader import EngineOptions, LoadedEngine
 
@@ -152,7 +152,7 @@ class Context:
         logits = logits_from(keys, values, mask)
         array_at(self.addresses["logits"], (ids.shape[0], 1, VOCAB), np.float32)[:, 0] = logits
         if "next_token" in self.engine.names:  # ArgMax in the graph
-            array_at(self.addresses["next_token"], (ids.shape[0], 1), np.int32)[:, 0] = logits.argmax(-1)
+            array_at(self.addresses["next_token"], (ids.shape[0], 1), self.engine.next_dtype)[:, 0] = logits.argmax(-1)
         self.runs += 1
         return True
 
@@ -163,6 +163,8 @@ class Engine:
     num_optimization_profiles = 2
 
     def __init__(self, next_token=False, new_kv=False):
+        """`next_token`: False (no such output), True (int32) or "int64"."""
+        self.next_dtype = np.int64 if next_token == "int64" else np.int32
         inputs, outputs = decoder_io(LAYERS)
         if new_kv:
             outputs = ("logits", *(new_of(n) for n in inputs if is_past(n)))
@@ -177,7 +179,7 @@ class Engine:
 
     def get_tensor_dtype(self, name):
         if name == "next_token":
-            return "int32"
+            return np.dtype(self.next_dtype).name
         return "float32" if name == "logits" or name.startswith(("past_", "present.", "new_key")) else "int64"
 
     def get_tensor_shape(self, name):
@@ -455,3 +457,41 @@ def test_an_engine_with_new_key_values_holds_the_window_cache_once(open_decoder,
     else:
         want = (MAX_TOTAL - 1 + 1) * rows * row if dec.new_kv else (MAX_TOTAL - 1 + MAX_TOTAL) * rows * row
     assert dec.kv_cache_bytes == want
+
+
+def test_greedy_tokens_feed_next_token_back_on_the_device(open_decoder):
+    """An int64 `next_token` goes back in as the next step's input_ids by a device copy (no token
+    comes up from the host after the prompt): the tokens equal step-by-step greedy decoding across
+    window promotions, and a caller that stops early leaves the decoder ready for a new batch."""
+    from trt_seer.runtime.generate import Sampling, generate_ids
+
+    prompts = [[3, 7, 7, 1, 9], [4, 12, 4]]
+    want = list(generate_ids(open_decoder("window", windows=(2, 4, 8)), prompts, Sampling(max_new_tokens=6),
+                             set(), 0))
+    dec = open_decoder("window", windows=(2, 4, 8), next_token="int64")
+    assert dec.pipelines
+    dec.rt.copied.clear()
+    assert list(generate_ids(dec, prompts, Sampling(max_new_tokens=6), set(), 0)) == want
+    up = [n for kind, n in dec.rt.copied if kind == "HostToDevice"]
+    fed_back = [n for kind, n in dec.rt.copied if kind == "DeviceToDevice" and n == 2 * 8]
+    assert len(fed_back) == 5 and len(up) == 3 + 2 * 5  # the prompt's three inputs, then mask and positions
+    ids = np.array([[5, 6]], np.int64)
+    dec.reset(1)
+    first = next(dec.greedy_tokens(ids, np.ones_like(ids), 4))  # stopped after the first token
+    dec.reset(1)
+    assert [int(t[0]) for t in dec.greedy_tokens(ids, np.ones_like(ids), 4)][0] == int(first[0])
+    plain = open_decoder("window", next_token=True)
+    with pytest.raises(UnsupportedError, match="no int64 next_token"):
+        next(plain.greedy_tokens(ids, np.ones_like(ids), 2))
+
+
+def test_the_generation_bench_times_greedy_steps_the_way_generation_runs_them(open_decoder):
+    """bench/generate.decode_rate on a decoder that feeds its tokens back: exactly the timed decode
+    steps run (after the prompt step), each one's device time counted."""
+    from trt_seer.bench.generate import GenBenchSpec, decode_rate
+
+    dec = open_decoder("window", windows=(2, 4, 8), next_token="int64")
+    got = decode_rate(dec, 2, GenBenchSpec(prompt=3, new_tokens=5), VOCAB)
+    prefill, *decode = dec.engine.contexts
+    assert prefill.runs == 1 and sum(c.runs for c in decode) == 5 and dec.past == 3 + 5
+    assert got["device_ms_per_step"] == 0.5 and got["tokens_per_s"] > 0 and got["batch"] == 2

@@ -88,6 +88,30 @@ def test_engine_steps_match_onnx_runtime(engines, precision, cache):
     assert np.mean(agree) >= 0.8, f"top-1 agreement {np.mean(agree):.2f} over {len(agree)} positions"
 
 
+@pytest.mark.parametrize("precision", ["fp16", "int4"])
+def test_tokens_fed_back_on_the_device_equal_step_by_step_greedy(engines, precision):
+    """greedy_tokens (next_token copied into input_ids on the device, the next step enqueued before
+    the host reads a token, host buffers in turns) gives the tokens of waiting for each step, across
+    window promotions and with a left-padded row."""
+    from trt_seer.decoder_io import position_ids
+    from trt_seer.runtime.decoder_trt import TensorRTDecoder
+
+    _, out = engines
+    ids = np.random.default_rng(1).integers(3, 120, (3, 9)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[0, :4] = 0
+    with TensorRTDecoder(out / f"llama.{precision}.engine", windows=(2, 4, 8, 12, 16)) as dec:
+        assert dec.pipelines
+        dec.reset(3)
+        fed_back = np.stack(list(dec.greedy_tokens(ids, mask, 12)))
+        dec.reset(3)
+        stepwise = [dec.next_tokens(ids, mask, position_ids(mask))]
+        for _ in range(11):
+            mask = np.concatenate([mask, np.ones((3, 1), np.int64)], 1)
+            stepwise.append(dec.next_tokens(stepwise[-1][:, None], mask, position_ids(mask, 1)))
+    np.testing.assert_array_equal(fed_back, np.stack(stepwise))
+
+
 def test_generate_on_the_engine_agrees_with_hugging_face(engines, capsys):
     from trt_seer import cli
 

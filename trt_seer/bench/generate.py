@@ -64,22 +64,32 @@ def next_token_fn(step, sampling=None, rng: np.random.Generator | None = None):
 def decode_rate(step, batch: int, spec: GenBenchSpec, vocab: int, context: int | None = None,
                 sampling=None) -> dict:
     """Decode of `spec.new_tokens` after a prompt of `context` (default `spec.prompt`) tokens:
-    tokens/s and ms per step. Greedy (on the device where the step can), or `sampling` (a
-    runtime.generate.Sampling: the logits come back and runtime/sampling.py chooses on the host)."""
+    tokens/s and ms per step. Greedy (on the device where the step can; with the tokens fed back on
+    the device, one step in flight while the host takes the last, where the step `pipelines`, as
+    `generate` runs it), or `sampling` (a runtime.generate.Sampling: the logits come back and
+    runtime/sampling.py chooses on the host)."""
     context = spec.prompt if context is None else context
     rng = np.random.default_rng(spec.seed)
     ids, mask, pos = _prompt(rng, batch, context, vocab)
-    next_of = next_token_fn(step, sampling, np.random.default_rng(spec.seed + 1))
     step.reset(batch)
-    token = next_of(ids, mask, pos)
     device_ms = []
-    start = time.perf_counter()
-    for t in range(spec.new_tokens):
-        mask = np.ones((batch, context + t + 1), dtype=np.int64)
-        token = next_of(token[:, None], mask, np.full((batch, 1), context + t, dtype=np.int64))
-        if getattr(step, "last_gpu_ms", None) is not None:
+    if sampling is None and getattr(step, "pipelines", False):  # greedy as generation runs it
+        tokens = step.greedy_tokens(ids, mask, spec.new_tokens + 1)
+        next(tokens)  # the prompt step's token; the first decode step is already under way
+        start = time.perf_counter()
+        for _ in tokens:
             device_ms.append(step.last_gpu_ms)
-    seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start
+    else:
+        next_of = next_token_fn(step, sampling, np.random.default_rng(spec.seed + 1))
+        token = next_of(ids, mask, pos)
+        start = time.perf_counter()
+        for t in range(spec.new_tokens):
+            mask = np.ones((batch, context + t + 1), dtype=np.int64)
+            token = next_of(token[:, None], mask, np.full((batch, 1), context + t, dtype=np.int64))
+            if getattr(step, "last_gpu_ms", None) is not None:
+                device_ms.append(step.last_gpu_ms)
+        seconds = time.perf_counter() - start
     return {"batch": batch, "context": context, "tokens_per_s": batch * spec.new_tokens / seconds,
             "ms_per_step": seconds / spec.new_tokens * 1e3,
             "device_ms_per_step": statistics.median(device_ms) if device_ms else None}

@@ -33,10 +33,12 @@ with `present` outputs (built before) run as they did.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+
 import numpy as np
 
-from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, is_past, new_of, present_of
+from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, is_past, new_of, position_ids, present_of
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
@@ -51,6 +53,25 @@ CACHES = ("window", "grow")
 
 def _nbytes(shape, dtype) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+class _Lane:
+    """Page-locked host memory for one step in flight: the small inputs on their way up, the token on
+    its way down, and the step's start and end events. `_run` uses one; `greedy_tokens` two in turn,
+    so that the host fills one while the GPU may still read the other."""
+
+    def __init__(self, small: dict, batch: int):
+        self._small = {name: cuda.pinned_array(buf.nbytes).view(np.int64) for name, buf in small.items()}
+        self.token = cuda.pinned_array(batch * 8).view(np.int64)
+        self.start, self.end = cuda.Event(), cuda.Event()
+
+    def host(self, name: str) -> np.ndarray:
+        return self._small[name]
+
+    def close(self) -> None:
+        self._small = self.token = None  # the pinned memory goes now (no view of it was handed out)
+        self.start.close()
+        self.end.close()
 
 
 class TensorRTDecoder:
@@ -92,7 +113,6 @@ class TensorRTDecoder:
         self.flavor, self.gpu, self.engine = loaded.flavor, loaded.gpu, loaded.engine
         self._logger, self._runtime, self._jit_cache = loaded.logger, loaded.runtime, loaded.jit_cache
         self.stream = cuda.Stream()
-        self._start, self._end = cuda.Event(), cuda.Event()
         self.last_gpu_ms = None  # the engine's own GPU time in the last step (CUDA events)
         self._names()
         profile_max = int(self.manifest["profiles"][0]["batch"][2])
@@ -146,6 +166,7 @@ class TensorRTDecoder:
         self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
         self.vocab = int(self.engine.get_tensor_shape("logits")[-1])
         self.next_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(NEXT_TOKEN))) if NEXT_TOKEN in names else None
+        self.pipelines = self.next_dtype == np.int64  # greedy_tokens feeds next_token back as input_ids
 
     def _context(self, profile: int, decode: bool):
         config = self.engine.create_runtime_config() if hasattr(self.engine, "create_runtime_config") else None
@@ -196,7 +217,9 @@ class TensorRTDecoder:
         else:  # two [batch][head][total][dim] buffers per layer, swapping roles every step
             kv_bytes = _nbytes((b, self.kv_heads, t, self.head_dim), self.kv_dtype)
             self._kv = [[cuda.DeviceBuffer(kv_bytes) for _ in self.past_names] for _ in range(2)]
-        self._small = {n: cuda.HostDeviceBuffer(_nbytes((b, t), np.int64)) for n in SMALL_INPUTS}
+        self._small = {n: cuda.DeviceBuffer(_nbytes((b, t), np.int64)) for n in SMALL_INPUTS}
+        self._lane = _Lane(self._small, b)
+        self._lanes = (self._lane, _Lane(self._small, b))  # greedy_tokens: two steps in flight
         self._logits = cuda.HostDeviceBuffer(_nbytes((b, 1, self.vocab), self.logits_dtype))
         self._next = None if self.next_dtype is None else cuda.HostDeviceBuffer(_nbytes((b, 1), self.next_dtype))
         self._cur = 0
@@ -264,18 +287,31 @@ class TensorRTDecoder:
     def _run(self, input_ids, attention_mask, position_ids, out, out_bytes: int) -> None:
         """One step on the GPU; copies `out_bytes` of `out` (an output's host-device buffer) back."""
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        self._enqueue(feeds, self._lane, out.device_ptr, out.host_ptr, out_bytes)
+        self.stream.synchronize()
+        self.last_gpu_ms = self._lane.end.elapsed_ms(self._lane.start)
+
+    def _enqueue(self, feeds: dict, lane: "_Lane", out_ptr: int, host_ptr: int, out_bytes: int,
+                 ids_on_device: bool = False) -> None:
+        """Enqueues one step: the feeds up from `lane`'s host memory (`input_ids` instead copied on the
+        device from the last `next_token` where `ids_on_device`), the engine, the cache kept, then
+        `out_bytes` from `out_ptr` down to `host_ptr`; `lane.end` recorded after it. No wait."""
         seq = self._check(feeds)
         decode = seq == 1 and self.past > 0
         window = self.cache == "window"
         ctx = self._decode_context(self.window if window else "grow") if decode else self._prefill
         stream = self.stream.handle
         if window and decode:
-            feeds["attention_mask"] = window_mask(attention_mask, self.window, self.align)
+            feeds["attention_mask"] = window_mask(feeds["attention_mask"], self.window, self.align)
         rebind = not (window and decode and self._bound.get(self.window) == self.batch)
         for name, value in feeds.items():
             buf = self._small[name]
-            np.copyto(buf.host_view(value.shape, np.int64), value, casting="same_kind")
-            buf.h2d_async(stream, value.nbytes)
+            if name == "input_ids" and ids_on_device:
+                cuda.copy_async(buf.device_ptr, self._next.device_ptr, value.nbytes, "DeviceToDevice", stream)
+            else:
+                host = lane.host(name)
+                np.copyto(host[:value.size].reshape(value.shape), value, casting="same_kind")
+                cuda.copy_async(buf.device_ptr, host.ctypes.data, value.nbytes, "HostToDevice", stream)
             if rebind:
                 self._bind(ctx, name, value.shape, buf.device_ptr)
         if rebind:
@@ -283,17 +319,42 @@ class TensorRTDecoder:
             ctx.set_tensor_address("logits", self._logits.device_ptr)
             if self._next is not None:
                 ctx.set_tensor_address(NEXT_TOKEN, self._next.device_ptr)
-        self._start.record(stream)
+        lane.start.record(stream)
         if not ctx.execute_async_v3(int(stream)):
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
             raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
         if window or self.new_kv:
             self._keep(seq, decode)
-        self._end.record(stream)
-        out.d2h_async(stream, out_bytes)
-        self.stream.synchronize()
-        self.last_gpu_ms = self._end.elapsed_ms(self._start)
+        cuda.copy_async(host_ptr, out_ptr, out_bytes, "DeviceToHost", stream)
+        lane.end.record(stream)
         self._cur, self.past = 1 - self._cur, self.past + seq
+
+    def greedy_tokens(self, input_ids: np.ndarray, attention_mask: np.ndarray, count: int) -> Iterator[np.ndarray]:
+        """Greedy decoding with each step's `next_token` fed back on the device: yields `count` token
+        arrays (batch,) int64, the prompt's first, each while the following step already runs (so the
+        host's work per step hides behind the GPU's). Every row takes a step each time (a caller
+        ignores a row after its end); each step's mask and positions are the last ones grown by one.
+        Needs an int64 `next_token` output (`pipelines`); on a new batch (`reset`)."""
+        if not self.pipelines:
+            raise UnsupportedError(f"{self.path.name} has no int64 next_token output to feed back")
+        mask = np.asarray(attention_mask, np.int64)
+        feeds = {"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids(mask)}
+        nbytes, lanes = self.batch * 8, self._lanes
+        self._enqueue(feeds, lanes[0], self._next.device_ptr, lanes[0].token.ctypes.data, nbytes)
+        try:
+            for t in range(1, count + 1):
+                if t < count:
+                    mask = np.concatenate([mask, np.ones((self.batch, 1), np.int64)], axis=1)
+                    feeds = {"input_ids": np.zeros((self.batch, 1), np.int64), "attention_mask": mask,
+                             "position_ids": position_ids(mask, 1)}
+                    lane = lanes[t % 2]
+                    self._enqueue(feeds, lane, self._next.device_ptr, lane.token.ctypes.data, nbytes, ids_on_device=True)
+                done = lanes[(t - 1) % 2]
+                done.end.synchronize()
+                self.last_gpu_ms = done.end.elapsed_ms(done.start)
+                yield done.token[:self.batch].copy()
+        finally:
+            self.stream.synchronize()  # a caller that stops early leaves no step in flight
 
     def _bind_cache(self, ctx, seq: int, decode: bool) -> None:
         """Shapes and addresses of the cache inputs and outputs for this step."""
@@ -421,7 +482,7 @@ class TensorRTDecoder:
                     *scratch):
             buf.close()
         self.engine, self._runtime = None, None
-        for owned in (self._start, self._end, self.stream):
+        for owned in (*self._lanes, self.stream):
             owned.close()
 
     def __enter__(self):

@@ -34,7 +34,9 @@ class DecoderStep(Protocol):
     def step(self, input_ids, attention_mask, position_ids) -> np.ndarray: ...  # (batch, vocab) float32
 
     # optional: `next_tokens(input_ids, attention_mask, position_ids)` -> (batch,) int64, the greedy
-    # next token per row, which greedy generation uses instead of `step` (TensorRTDecoder)
+    # next token per row, which greedy generation uses instead of `step` (TensorRTDecoder); and
+    # `pipelines` True with `greedy_tokens(input_ids, attention_mask, count)`, greedy decoding that
+    # feeds the tokens back on the device, which greedy generation then uses instead of both
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,9 @@ def generate_ids(step: DecoderStep, prompts: list[list[int]], sampling: Sampling
     rng = rng or np.random.default_rng(sampling.seed)
     eos = np.array(sorted(eos_ids), dtype=np.int64)
     step.reset(len(prompts))
+    if sampling.temperature == 0 and getattr(step, "pipelines", False):
+        yield from _pipelined(step.greedy_tokens(ids, mask, budget), eos, pad_id)
+        return
     greedy_ids = getattr(step, "next_tokens", None) if sampling.temperature == 0 else None
 
     def next_of(ids, mask, seq):  # the next token per row; greedy on the device where the step can
@@ -107,6 +112,21 @@ def generate_ids(step: DecoderStep, prompts: list[list[int]], sampling: Sampling
             return
         mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
         chosen = next_of(tokens[:, None], mask, 1)
+
+
+def _pipelined(steps: Iterator[np.ndarray], eos: np.ndarray, pad_id: int) -> Iterator[tuple[int, int]]:
+    """`generate_ids` over a decoder that feeds its greedy tokens back on the device
+    (TensorRTDecoder.greedy_tokens): the same (row, token) pairs, a row's end read from its tokens."""
+    done = None
+    for chosen in steps:
+        done = np.zeros(len(chosen), dtype=bool) if done is None else done
+        tokens = np.where(done, pad_id, chosen)
+        for row in np.flatnonzero(~done):
+            yield int(row), int(tokens[row])
+        done |= np.isin(tokens, eos)
+        if done.all():
+            steps.close()
+            return
 
 
 class TextStream:
