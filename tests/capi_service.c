@@ -7,6 +7,9 @@
  *   capi_service ARTIFACT exit    threads run while main returns (the library's exit handler waits)
  *   capi_service ARTIFACT shutdown  threads run while main calls trt_seer_shutdown, then returns
  *   capi_service ARTIFACT fork    a child forked after open is refused with TRT_SEER_E_RUNTIME
+ *   capi_service ARTIFACT cache   threads run two shapes in turns (trt_seer_run's cache takes the
+ *                                 repeats) with bad token ids among them; each output must equal the
+ *                                 first, uncached run's bit for bit; then main closes the model
  *
  * ARTIFACT: an encoder taking input_ids, attention_mask[, token_type_ids] (int64) and returning
  * sentence_embedding [batch, 32] float32. Exit status 0 when every check held.
@@ -35,15 +38,18 @@ static trt_seer_model *model;
 
 static void report(const char *name, trt_seer_status st) { printf("%s\t%d\t%s\n", name, (int)st, trt_seer_last_error()); }
 
-static void make_inputs(trt_seer_model *m, const int64_t *dims) {
+/* The model's inputs of shape `dims` into `in`, input_ids from `token_ids`. */
+static void fill_inputs(trt_seer_input *in, trt_seer_model *m, const int64_t *dims, const int64_t *token_ids) {
     trt_seer_num_inputs(m, &n_inputs);
     for (int32_t i = 0; i < n_inputs; ++i) {
         trt_seer_tensor_info t;
         trt_seer_input_info(m, i, &t);
-        const void *d = !strcmp(t.name, "input_ids") ? ids : !strcmp(t.name, "attention_mask") ? ones : zeros;
-        inputs[i] = (trt_seer_input){t.name, TRT_SEER_INT64, 2, dims, d};
+        const void *d = !strcmp(t.name, "input_ids") ? token_ids : !strcmp(t.name, "attention_mask") ? ones : zeros;
+        in[i] = (trt_seer_input){t.name, TRT_SEER_INT64, 2, dims, d};
     }
 }
+
+static void make_inputs(trt_seer_model *m, const int64_t *dims) { fill_inputs(inputs, m, dims, ids); }
 
 static void reset_data(void) {
     for (int i = 0; i < BATCH * LONG_SEQ; ++i) ids[i] = 5 + i % 50, ones[i] = 1, zeros[i] = 0;
@@ -217,6 +223,76 @@ static int fork_child(void) {
     return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* ------------------------------------------------------------------ the run cache under threads */
+
+#define CACHE_RUNS 120
+static const int64_t shape_a[2] = {BATCH, SEQ}, shape_b[2] = {BATCH, SEQ - 3};
+static float want_a[BATCH * HIDDEN], want_b[BATCH * HIDDEN]; /* from each shape's first (plain) run */
+
+typedef struct {
+    int id;
+    int wrong, refused, failed; /* outputs unlike the first run's; bad ids refused as they must be; others */
+} cache_worker_t;
+
+/* One run of `dims` into a 0xAB-filled buffer; 1 when it went as it must: equal to `want`, or, with a
+ * bad id, refused with TRT_SEER_E_INPUT naming it and the buffer untouched. */
+static int cache_run(cache_worker_t *w, const int64_t *dims, int64_t *token_ids, const float *want, int bad) {
+    trt_seer_input in[3];
+    float emb[BATCH * HIDDEN];
+    trt_seer_output out = {.name = "sentence_embedding", .data = emb, .capacity_bytes = sizeof emb};
+    fill_inputs(in, model, dims, token_ids);
+    memset(emb, 0xAB, sizeof emb);
+    int64_t good_id = token_ids[3];
+    if (bad) token_ids[3] = 50000;
+    trt_seer_status st = trt_seer_run(model, n_inputs, in, 1, &out);
+    token_ids[3] = good_id;
+    if (bad) {
+        int ok = st == TRT_SEER_E_INPUT && strstr(trt_seer_last_error(), "holds 50000 at [0, 3]") &&
+                 untouched((unsigned char *)emb, sizeof emb);
+        w->refused += ok;
+        return ok;
+    }
+    if (st != TRT_SEER_OK) return 0;
+    w->wrong += memcmp(emb, want, sizeof emb) != 0;
+    return 1;
+}
+
+static void *cache_worker(void *arg) {
+    cache_worker_t *w = arg;
+    int64_t own_ids[BATCH * SEQ]; /* this thread's token ids: the bad ones must not reach the others */
+    for (int i = 0; i < BATCH * SEQ; ++i) own_ids[i] = 5 + i % 50;
+    for (int r = 0; r < CACHE_RUNS; ++r) {
+        int b = (r / 10 + w->id) % 3 == 0; /* runs of ten of one shape; the threads out of step */
+        if (!cache_run(w, b ? shape_b : shape_a, own_ids, b ? want_b : want_a, r % 13 == 12)) w->failed++;
+    }
+    return NULL;
+}
+
+static int cache_threads(void) {
+    float emb[BATCH * HIDDEN];
+    trt_seer_output out = {.name = "sentence_embedding", .data = emb, .capacity_bytes = sizeof emb};
+    reset_data();
+    make_inputs(model, shape_b); /* B first, so that the threads find A's call made by main */
+    report("first_b", trt_seer_run(model, n_inputs, inputs, 1, &out));
+    memcpy(want_b, emb, sizeof emb);
+    make_inputs(model, shape_a);
+    report("first_a", trt_seer_run(model, n_inputs, inputs, 1, &out));
+    memcpy(want_a, emb, sizeof emb);
+    for (int r = 0; r < 3; ++r) trt_seer_run(model, n_inputs, inputs, 1, &out); /* A's call is made */
+    pthread_t t[WORKERS];
+    cache_worker_t w[WORKERS];
+    for (int i = 0; i < WORKERS; ++i) {
+        w[i] = (cache_worker_t){.id = i};
+        pthread_create(&t[i], NULL, cache_worker, &w[i]);
+    }
+    int wrong = 0, refused = 0, failed = 0;
+    for (int i = 0; i < WORKERS; ++i) pthread_join(t[i], NULL), wrong += w[i].wrong, refused += w[i].refused, failed += w[i].failed;
+    printf("threads\t0\twrong %d refused %d failed %d\n", wrong, refused, failed);
+    report("close", trt_seer_close(model)); /* with a cached call */
+    report("late_run", trt_seer_run(model, n_inputs, inputs, 1, &out));
+    return wrong != 0 || failed != 0 || refused != WORKERS * (CACHE_RUNS / 13);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) return 2;
     setenv("ARTIFACT", argv[1], 1);
@@ -231,5 +307,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[2], "exit")) return exit_race(0);
     if (!strcmp(argv[2], "shutdown")) return exit_race(1);
     if (!strcmp(argv[2], "fork")) return fork_child();
+    if (!strcmp(argv[2], "cache")) return cache_threads();
     return 2;
 }

@@ -203,6 +203,50 @@ def simulated_model(monkeypatch, rt, options, graph_mode):
     return m
 
 
+class EncoderContext(Context):
+    """An encoder "engine" with the inputs and outputs of all-MiniLM-L6-v2's engines:
+    last_hidden_state[b, s, k] = input_ids[b, s] + token_type_ids[b, s] + k, sentence_embedding the
+    attention_mask-weighted sum of it over s."""
+
+    def get_tensor_shape(self, name):
+        b, s = self.shapes["input_ids"]
+        return (b, HIDDEN) if name == "sentence_embedding" else (b, s, HIDDEN)
+
+    def compute(self, shapes, addresses):
+        shape = shapes["input_ids"]
+        ids, mask, types_ = (array_at(addresses[n], shape, np.int64) for n in ENCODER_INPUTS)
+        hidden = (ids + types_)[..., None] + np.arange(HIDDEN)
+        array_at(addresses["last_hidden_state"], shape + (HIDDEN,), np.float32)[:] = hidden
+        array_at(addresses["sentence_embedding"], shape[:1] + (HIDDEN,), np.float32)[:] = (hidden * mask[..., None]).sum(1)
+        self.runs += 1
+
+
+ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def encoder_expected(feeds):
+    ids, mask, types_ = (feeds[n] for n in ENCODER_INPUTS)
+    hidden = ((ids + types_)[..., None] + np.arange(HIDDEN)).astype(np.float32)
+    return {"last_hidden_state": hidden, "sentence_embedding": (hidden * mask[..., None]).sum(1)}
+
+
+def simulated_encoder(monkeypatch, options=engine_mod.EngineOptions(), graph_mode="runtime", vocab=30522):
+    """A TensorRTModel over EncoderContext as engine.py would describe an encoder engine: three int64
+    [-1, -1] inputs (profile (1, 8)..(32, 256)) with token tables for input_ids (`vocab` ids) and
+    token_type_ids (2), none for attention_mask; outputs with their token axes named."""
+    m = simulated_model(monkeypatch, FakeRuntime(), options, graph_mode)
+    m.pool.close()
+    ranges = {"input_ids": (0, vocab), "attention_mask": None, "token_type_ids": (0, 2)}
+    m.inputs = tuple(IOSpec(n, "int64", (-1, -1), token_axes((-1, -1)), (1, 8), (32, 256), id_range=ranges[n])
+                     for n in ENCODER_INPUTS)
+    m.outputs = tuple(IOSpec(n, "float32", shape, token_axes(shape))
+                      for n, shape in (("last_hidden_state", (-1, -1, HIDDEN)), ("sentence_embedding", (-1, HIDDEN))))
+    m.new_context = contexts(EncoderContext)
+    m._check_feeds = engine_mod.FeedCheck(m.inputs)
+    m.pool = m._gate = slot_mod.SlotPool("sim.engine", [slot_mod.Slot(m)])
+    return m
+
+
 @pytest.fixture(params=[True, False], ids=["timed", "untimed"])
 def model(monkeypatch, request):
     """The flavor replays graphs itself (TensorRT-RTX): every call enqueues the engine."""
@@ -597,3 +641,23 @@ def test_capture_mode_async_calls_and_prepared_calls_replay_too(captured):
         feeds = feeds_of(2, 2, seed=60 + seed)
         np.testing.assert_array_equal(call.run(feeds)["sum"], expected(feeds)["sum"])
     assert captured.rt.launches == launches + 2 and call.slot.context.eager == 1
+
+
+def test_encoder_engine_prepared_calls_match_infer(monkeypatch):
+    """The encoder-shaped engine the C ABI's TensorRT tests use (test_capi_service.py): infer and a
+    prepared call (each on a context of its own) give the expected outputs; a token_type_ids value
+    outside its table is refused."""
+    m = simulated_encoder(monkeypatch)
+    ids = np.arange(16, dtype=np.int64).reshape(2, 8) % 50 + 5
+    feeds = dict(zip(ENCODER_INPUTS, (ids, np.ones_like(ids), np.zeros_like(ids))))
+    want = encoder_expected(feeds)
+    got = m.infer(feeds)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value)
+    call = m.prepare({n: (2, 8) for n in ENCODER_INPUTS}, outputs=["sentence_embedding"])
+    np.testing.assert_array_equal(call.run(feeds)["sentence_embedding"], want["sentence_embedding"])
+    assert len(m.pool.slots) == 2
+    with pytest.raises(engine_mod.InputError, match="token_type_ids"):
+        m.infer({**feeds, "token_type_ids": np.full_like(ids, 2)})
+    call.close()
+    m.close()

@@ -11,6 +11,8 @@ trt_seer_prepared_run, from C), `Model.infer(feeds, outputs=[--output])` and
 session computing the same output (the floor). Same artifact, backend, options ({"threads": 1}) and
 inputs (the example's) everywhere; prints the median (min) of the rounds per path, C's overhead over
 Python's infer, and the first open's wall time and resident-memory growth as the example measures them.
+The example's loop repeats one key, so its trt_seer_run rows time the run cache (a prepared call the
+model keeps for a repeated key; docs/RUNTIME.md, "Run cache"), the service case it is made for.
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ def c_round(example: Path, args) -> dict:
              for name, kind in (("trt_seer_run", ""), ("trt_seer_prepared_run", "prepared "))}
     opened = re.search(r"^first open: (\d+) ms, resident memory \+(-?\d+) MB", r.stdout, re.M)
     found["first open ms"], found["first open MB"] = float(opened[1]), float(opened[2])
+    cache = re.search(r"^run cache: (\d+) of (\d+) calls", r.stdout, re.M)
+    found["run cache share"] = int(cache[1]) / int(cache[2])
     return found
 
 
@@ -100,19 +104,25 @@ def main() -> None:
         append_benchmark(args.append, title, command, machine_text(), report(args, model.backend, times))
 
 
+def share_text(shares: list[float]) -> str:
+    low, high = 100 * min(shares), 100 * max(shares)
+    return f"{low:.0f}% in every round" if low == high else f"{low:.0f}-{high:.0f}% by round"
+
+
 def report(args, backend: str, times: dict) -> str:
     med = {path: statistics.median(values) for path, values in times.items()}
     lines = [(f"{args.artifact.name} on {backend}, batch {args.batch}, seq {args.seq}, only `{args.output}` asked "
               f"for on every path, {args.calls} calls x {args.rounds} rounds (median of rounds, min in brackets):"),
              "", "| path | per call |", "|---|---:|"]
     for path, values in times.items():
-        if not path.startswith("first open"):
+        if not path.startswith(("first open", "run cache")):
             lines.append(f"| {path} | {med[path]:.1f} us ({min(values):.1f}) |")
     python = med["Python infer(outputs=[output])"]
     lines += ["", (f"C over Python infer: trt_seer_run {med['C trt_seer_run'] - python:+.1f} us, "
                    f"trt_seer_prepared_run {med['C trt_seer_prepared_run'] - python:+.1f} us (budget: +30 us)."),
               (f"First trt_seer_open (embedded Python start, imports, the model): {med['first open ms']:.0f} ms, "
-               f"resident memory +{med['first open MB']:.0f} MB (median of {args.rounds} processes).")]
+               f"resident memory +{med['first open MB']:.0f} MB (median of {args.rounds} processes)."),
+              f"trt_seer_run's timed calls that its run cache served: {share_text(times['run cache share'])}."]
     return "\n".join(lines)
 
 

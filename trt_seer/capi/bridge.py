@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
+import time
 from typing import Sequence
 
 import numpy as np
@@ -24,6 +26,7 @@ STATUS = ((errors.ManifestMismatchError, 2), (errors.InputError, 1), (errors.Dep
           (errors.CudaError, 5), (errors.TrtSeerError, 6))
 DTYPE_CODES = {np.dtype(n): i for i, n in enumerate(DTYPES) if n != "bfloat16"}
 BUFFER_TOO_SMALL, INTERNAL = 4, 7
+log = logging.getLogger(__name__)
 
 
 class BufferTooSmall(errors.TrtSeerError):
@@ -268,3 +271,47 @@ def prepare(handle: Handle, names, codes, shapes, out_names) -> tuple:
             raise errors.UnsupportedError(f"output {spec.name} has dtype {value.dtype}, which trt_seer.h has no code for")
         outs.append((spec.name, code, value.shape, value.ctypes.data, value.nbytes))
     return call, ins, outs
+
+
+def prepare_for_run(handle: Handle, names, codes, shapes, out_names) -> tuple | None:
+    """`prepare` for the C library's run cache (trt_seer.c, "the run cache"): a prepared call that
+    trt_seer_run may use for these inputs and outputs from now on, or None where it would not
+    return what `run` returns: an output whose shape the input shapes do not give (`run` reads it
+    after the run), one asked for twice, or shapes the prepared call's first run disagrees with.
+    Called after a run of exactly these succeeded, which the caller has been told: a failure here
+    (no GPU memory for one more execution context, ...) is logged and gives None, never an error."""
+    start = time.perf_counter()
+    try:
+        _, direct = _plan(handle, names, codes, shapes, out_names)
+        if not direct:
+            log.info("trt_seer_run keeps no prepared call for %s: an output's shape follows only from the run",
+                     _key_text(names, shapes, out_names))
+            return None
+        prepared = prepare(handle, names, codes, shapes, out_names)
+    except Exception:
+        log.info("trt_seer_run goes on without a prepared call for %s", _key_text(names, shapes, out_names),
+                 exc_info=True)
+        return None
+    if [(code, tuple(shape)) for _, code, shape, _, _ in prepared[2]] != direct[1]:
+        release(prepared[0])
+        log.info("trt_seer_run keeps no prepared call for %s: its outputs' shapes differ from the run's",
+                 _key_text(names, shapes, out_names))
+        return None
+    log.info("trt_seer_run keeps a prepared call for %s (made in %.1f ms)", _key_text(names, shapes, out_names),
+             1e3 * (time.perf_counter() - start))
+    return prepared
+
+
+def _key_text(names, shapes, out_names) -> str:
+    ins = ", ".join(f"{n}{list(s)}" for n, s in zip(names, shapes))
+    outs = ", ".join(n if n is not None else f"#{i}" for i, n in enumerate(out_names))
+    return f"inputs {ins} -> outputs {outs}"
+
+
+def release(call) -> None:
+    """Closes a prepared call of the run cache that trt_seer_run replaces; a failure is logged, not
+    raised: the run replacing it has succeeded and written its outputs."""
+    try:
+        call.close()
+    except Exception:
+        log.info("closing a prepared call of trt_seer_run's cache failed", exc_info=True)

@@ -9,6 +9,7 @@
  * prepared call has a gate that counts the calls inside it: close waits for them and later calls get
  * TRT_SEER_E_INPUT; the gates outlive their objects (a few bytes each), so a late call reads no freed
  * memory. trt_seer_shutdown (also run at exit) waits for every call in flight and releases everything.
+ * trt_seer_run keeps one prepared call per model for a key it sees repeat ("the run cache" below).
  * Build with `python -m trt_seer.capi.build --out DIR`; docs/RUNTIME.md says what this costs.
  */
 #define PY_SSIZE_T_CLEAN
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "trt_seer.h"
@@ -51,6 +53,18 @@ typedef struct gate {
     struct gate *next; /* every gate, newest first */
 } gate;
 
+/* trt_seer_run's prepared call for a repeated key; see "the run cache" below. */
+typedef struct {
+    pthread_mutex_t lock;    /* guards the fields below; never held while taking the GIL */
+    trt_seer_prepared *call; /* NULL: none */
+    uint64_t key;            /* the hash of its key */
+    int busy;                /* a run is using it, or it is being replaced */
+    uint64_t last;           /* the hash of the key of the last run on the plain path */
+    uint64_t hits, made;     /* runs it served; calls made or tried */
+    uint64_t kept;           /* calls made (tries that gave one) */
+    uint64_t spent_ns;       /* wall time spent making or trying calls */
+} run_cache;
+
 struct trt_seer_model {
     gate gate; /* first: a trt_seer_model * is a gate * */
     PyObject *model; /* a trt_seer.capi.bridge.Handle; NULL once closed */
@@ -58,6 +72,7 @@ struct trt_seer_model {
     int32_t n_inputs, n_outputs;
     trt_seer_tensor_info *infos; /* inputs, then outputs */
     int64_t (*ids)[2];           /* per input: token ids allowed in [lo, hi); hi -1: any */
+    run_cache cache;
 };
 
 static const char *const DTYPE_NAMES[] = {"float32", "float16", "bfloat16", "float64", "int64",
@@ -379,6 +394,7 @@ static void free_model(trt_seer_model *m) { /* one never handed out */
     free(m->infos);
     free(m->ids);
     Py_XDECREF(m->model);
+    pthread_mutex_destroy(&m->cache.lock);
     free(m);
 }
 
@@ -387,6 +403,7 @@ static trt_seer_model *wrap_model(PyObject *py) {
     trt_seer_model *m = calloc(1, sizeof *m);
     if (m == NULL) return (trt_seer_model *)PyErr_NoMemory();
     m->model = py;
+    pthread_mutex_init(&m->cache.lock, NULL); /* kept with the struct: destroyed only by free_model */
     PyObject *desc = call("describe", Py_BuildValue("(O)", py));
     PyObject *backend = desc ? PyObject_GetAttrString(py, "backend") : NULL;
     const char *b = backend ? PyUnicode_AsUTF8(backend) : NULL;
@@ -503,14 +520,19 @@ static int store_shapes(PyObject *result, int32_t n, trt_seer_output *out) {
     return 1;
 }
 
-/* bridge.<fn>(model, names, codes, shapes, [buffers,] out_names, [out_buffers]) -> shapes. */
-static trt_seer_status shapes_call(const char *fn, trt_seer_model *m, int32_t n_in, const trt_seer_input *in,
-                                   int32_t n_out, trt_seer_output *out, int with_data) {
+/* The argument checks of trt_seer_output_shapes and trt_seer_run, then enters the model. */
+static trt_seer_status begin_call(trt_seer_model *m, int32_t n_in, const trt_seer_input *in, int32_t n_out,
+                                  const trt_seer_output *out, int with_data) {
     trt_seer_status st;
     if (m == NULL) return fail(TRT_SEER_E_INPUT, "model is NULL");
     if ((st = check_inputs(n_in, in, with_data)) || (st = check_outputs(n_out, out, with_data))) return st;
-    if ((st = enter(&m->gate, 0))) return st;
-    PyGILState_STATE g = PyGILState_Ensure();
+    return enter(&m->gate, 0);
+}
+
+/* GIL held: bridge.<fn>(model, names, codes, shapes, [buffers,] out_names, [out_buffers]) -> shapes. */
+static trt_seer_status shapes_call(const char *fn, trt_seer_model *m, int32_t n_in, const trt_seer_input *in,
+                                   int32_t n_out, trt_seer_output *out, int with_data) {
+    trt_seer_status st;
     PyObject *ins = input_lists(n_in, in, with_data), *outs = output_lists(n_out, out, with_data), *r = NULL;
     if (ins && outs) {
         PyObject *args = with_data
@@ -525,10 +547,7 @@ static trt_seer_status shapes_call(const char *fn, trt_seer_model *m, int32_t n_
     Py_XDECREF(r);
     Py_XDECREF(ins);
     Py_XDECREF(outs);
-    PyGILState_Release(g);
-    if (st == TRT_SEER_OK && with_data) exit_after(m->backend, 1);
-    leave(&m->gate);
-    return done(st);
+    return st;
 }
 
 /* ------------------------------------------------------------------ the ABI */
@@ -601,12 +620,38 @@ trt_seer_status trt_seer_output_info(const trt_seer_model *m, int32_t i, trt_see
 
 trt_seer_status trt_seer_output_shapes(trt_seer_model *model, int32_t n_inputs, const trt_seer_input *inputs,
                                        int32_t n_outputs, trt_seer_output *outputs) {
-    return shapes_call("output_shapes", model, n_inputs, inputs, n_outputs, outputs, 0);
+    trt_seer_status st;
+    if ((st = begin_call(model, n_inputs, inputs, n_outputs, outputs, 0))) return st;
+    PyGILState_STATE g = PyGILState_Ensure();
+    st = shapes_call("output_shapes", model, n_inputs, inputs, n_outputs, outputs, 0);
+    PyGILState_Release(g);
+    leave(&model->gate);
+    return done(st);
 }
 
+static uint64_t run_key(const trt_seer_model *m, int32_t n_in, const trt_seer_input *in, int32_t n_out,
+                        const trt_seer_output *out);
+static int cached_run(trt_seer_model *m, uint64_t key, int32_t n_in, const trt_seer_input *in, int32_t n_out,
+                      trt_seer_output *out, trt_seer_status *st);
+static void cache_after_run(trt_seer_model *m, uint64_t key, int32_t n_in, const trt_seer_input *in,
+                            int32_t n_out, trt_seer_output *out);
+
+/* Through the model's cached prepared call where it takes this call (the run cache, below), else the
+ * bridge's run; a plain run that succeeded may make the cached call for its key. */
 trt_seer_status trt_seer_run(trt_seer_model *model, int32_t n_inputs, const trt_seer_input *inputs,
                              int32_t n_outputs, trt_seer_output *outputs) {
-    return shapes_call("run", model, n_inputs, inputs, n_outputs, outputs, 1);
+    trt_seer_status st;
+    if ((st = begin_call(model, n_inputs, inputs, n_outputs, outputs, 1))) return st;
+    uint64_t key = run_key(model, n_inputs, inputs, n_outputs, outputs);
+    if (!cached_run(model, key, n_inputs, inputs, n_outputs, outputs, &st)) {
+        PyGILState_STATE g = PyGILState_Ensure();
+        st = shapes_call("run", model, n_inputs, inputs, n_outputs, outputs, 1);
+        if (st == TRT_SEER_OK) cache_after_run(model, key, n_inputs, inputs, n_outputs, outputs);
+        PyGILState_Release(g);
+    }
+    if (st == TRT_SEER_OK) exit_after(model->backend, 1);
+    leave(&model->gate);
+    return done(st);
 }
 
 /* GIL held: obj.close(), its failure as a status. */
@@ -617,12 +662,15 @@ static trt_seer_status close_object(PyObject *obj) {
     return st;
 }
 
+static trt_seer_status close_cached(trt_seer_model *m);
+
 trt_seer_status trt_seer_close(trt_seer_model *model) {
     if (model == NULL) return done(TRT_SEER_OK);
     if (forked) return fail(TRT_SEER_E_RUNTIME, FORKED_MESSAGE, (int)opened_by);
     if (!close_gate(&model->gate)) return done(TRT_SEER_OK); /* closed already (or by trt_seer_shutdown) */
     PyGILState_STATE g = PyGILState_Ensure();
-    trt_seer_status st = close_object(model->model);
+    trt_seer_status st = close_cached(model), closed = close_object(model->model);
+    if (closed != TRT_SEER_OK) st = closed; /* the later failure's message is the one kept */
     release_model(model);
     PyGILState_Release(g);
     released();
@@ -672,7 +720,8 @@ static int set_place(place *pl, PyObject *address, Py_ssize_t nbytes, const char
 }
 
 /* GIL held: the call and its places from bridge.prepare's (call, [(address, bytes)],
- * [(name, dtype code, shape, address, bytes)]); sets the output entries' dtype and shape. */
+ * [(name, dtype code, shape, address, bytes)]); sets the output entries' dtype and shape (`out` NULL:
+ * none). */
 static int read_places(trt_seer_prepared *p, PyObject *r, const trt_seer_model *m, const trt_seer_input *in,
                        trt_seer_output *out) {
     PyObject *call, *ins, *outs;
@@ -705,6 +754,7 @@ static int read_places(trt_seer_prepared *p, PyObject *r, const trt_seer_model *
             !read_dims(shape, dims, &ndim) || !set_place(pl, address, nbytes, name, ndim, dims))
             return 0;
         pl->dtype = (trt_seer_dtype)code;
+        if (out == NULL) continue;
         out[i].dtype = pl->dtype;
         out[i].ndim = pl->ndim;
         memcpy(out[i].shape, pl->shape, sizeof pl->shape);
@@ -712,18 +762,50 @@ static int read_places(trt_seer_prepared *p, PyObject *r, const trt_seer_model *
     return 1;
 }
 
-/* GIL held: the Python side of trt_seer_prepare into `p`; 0 with an exception set. */
-static int prepare_call(trt_seer_prepared *p, trt_seer_model *m, const trt_seer_input *in, trt_seer_output *out) {
+/* GIL held: bridge.<fn>(model, names, codes, shapes, out_names) into `p`; 0 with an exception set, or
+ * with none where the bridge returned None (prepare_for_run: not for this key). */
+static int prepare_call(const char *fn, trt_seer_prepared *p, trt_seer_model *m, const trt_seer_input *in,
+                        trt_seer_output *out, int set_outputs) {
     PyObject *ins = input_lists(p->n_inputs, in, 0);
     PyObject *outs = ins ? output_lists(p->n_outputs, out, 0) : NULL, *r = NULL;
     if (ins && outs)
-        r = call("prepare", Py_BuildValue("(OOOOO)", m->model, PyTuple_GET_ITEM(ins, 0), PyTuple_GET_ITEM(ins, 1),
-                                          PyTuple_GET_ITEM(ins, 2), PyTuple_GET_ITEM(outs, 0)));
-    int good = r != NULL && read_places(p, r, m, in, out);
+        r = call(fn, Py_BuildValue("(OOOOO)", m->model, PyTuple_GET_ITEM(ins, 0), PyTuple_GET_ITEM(ins, 1),
+                                   PyTuple_GET_ITEM(ins, 2), PyTuple_GET_ITEM(outs, 0)));
+    int good = r != NULL && r != Py_None && read_places(p, r, m, in, set_outputs ? out : NULL);
     Py_XDECREF(r);
     Py_XDECREF(ins);
     Py_XDECREF(outs);
     return good;
+}
+
+/* GIL held: frees a call never handed out (no gate to keep), closing its Python call first; an
+ * exception set stays set (the first failure is the one reported). */
+static void discard_prepared(trt_seer_prepared *p) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *closed = p->call ? PyObject_CallMethod(p->call, "close", NULL) : Py_NewRef(Py_None);
+    if (closed == NULL) PyErr_Clear();
+    Py_XDECREF(closed);
+    PyErr_Restore(type, value, tb);
+    release_prepared(p);
+    free(p);
+}
+
+/* GIL held: a prepared call of `m` made by bridge.<fn> (see prepare_call), or NULL; `set_outputs`:
+ * also set the output entries' dtype and shape. */
+static trt_seer_prepared *new_prepared(const char *fn, trt_seer_model *m, int32_t n_in, const trt_seer_input *in,
+                                       int32_t n_out, trt_seer_output *out, int set_outputs) {
+    trt_seer_prepared *p = calloc(1, sizeof *p);
+    if (p == NULL || (p->places = calloc((size_t)(n_in + n_out) + 1, sizeof *p->places)) == NULL) {
+        free(p);
+        return (trt_seer_prepared *)PyErr_NoMemory();
+    }
+    p->n_inputs = n_in;
+    p->n_outputs = n_out;
+    p->backend = m->backend;
+    if (prepare_call(fn, p, m, in, out, set_outputs)) return p;
+    discard_prepared(p);
+    return NULL;
 }
 
 trt_seer_status trt_seer_prepare(trt_seer_model *model, int32_t n_inputs, const trt_seer_input *inputs,
@@ -733,35 +815,13 @@ trt_seer_status trt_seer_prepare(trt_seer_model *model, int32_t n_inputs, const 
     *prepared = NULL;
     if (model == NULL) return fail(TRT_SEER_E_INPUT, "model is NULL");
     if ((st = check_inputs(n_inputs, inputs, 0)) || (st = check_outputs(n_outputs, outputs, 0))) return st;
-    trt_seer_prepared *p = calloc(1, sizeof *p);
-    if (p) p->places = calloc((size_t)(n_inputs + n_outputs) + 1, sizeof *p->places);
-    if (p == NULL || p->places == NULL) {
-        if (p) free(p);
-        return fail(TRT_SEER_E_INTERNAL, "out of memory");
-    }
-    p->n_inputs = n_inputs;
-    p->n_outputs = n_outputs;
-    if ((st = enter(&model->gate, 0))) {
-        free(p->places);
-        free(p);
-        return st;
-    }
+    if ((st = enter(&model->gate, 0))) return st;
     PyGILState_STATE g = PyGILState_Ensure();
-    if (prepare_call(p, model, inputs, outputs)) {
-        st = TRT_SEER_OK;
-    } else {
-        st = from_exception(); /* the first failure is the one reported */
-        PyObject *closed = p->call ? PyObject_CallMethod(p->call, "close", NULL) : NULL;
-        if (closed == NULL) PyErr_Clear();
-        Py_XDECREF(closed);
-        release_prepared(p);
-        free(p); /* never handed out: no gate to keep */
-        p = NULL;
-    }
+    trt_seer_prepared *p = new_prepared("prepare", model, n_inputs, inputs, n_outputs, outputs, 1);
+    st = p ? TRT_SEER_OK : from_exception();
     PyGILState_Release(g);
     leave(&model->gate);
     if (p) {
-        p->backend = model->backend;
         add_gate(&p->gate, 1);
         *prepared = p;
     }
@@ -814,29 +874,43 @@ static trt_seer_status match_outputs(const trt_seer_prepared *p, int32_t n, cons
     return TRT_SEER_OK;
 }
 
-/* A token input's values, before anything is copied: the same rule and message as Python's. */
-static trt_seer_status check_ids(const place *pl, const void *data) {
-    if (pl->ids[1] < 0 || (pl->dtype != TRT_SEER_INT64 && pl->dtype != TRT_SEER_INT32)) return TRT_SEER_OK;
-    size_t n = pl->nbytes / DTYPE_SIZES[pl->dtype];
+/* Whether C checks this input's token ids (check_ids): it has a bound and an integer type C reads. */
+static int ids_checked(const place *pl) {
+    return pl->ids[1] >= 0 && (pl->dtype == TRT_SEER_INT64 || pl->dtype == TRT_SEER_INT32);
+}
+
+static size_t count_of(const place *pl) { return pl->nbytes / DTYPE_SIZES[pl->dtype]; }
+
+/* The flat index of the first token id outside the input's bounds; count_of(pl) when none is. */
+static size_t first_bad_id(const place *pl, const void *data) {
+    size_t n = count_of(pl);
+    if (!ids_checked(pl)) return n;
     for (size_t k = 0; k < n; ++k) {
         int64_t v = pl->dtype == TRT_SEER_INT64 ? ((const int64_t *)data)[k] : ((const int32_t *)data)[k];
-        if (v >= pl->ids[0] && v < pl->ids[1]) continue;
-        int64_t at[TRT_SEER_MAX_DIMS];
-        size_t rest = k;
-        for (int32_t d = pl->ndim - 1; d >= 0; --d) { /* the flat index as [i, j, ...] */
-            at[d] = (int64_t)(rest % (size_t)pl->shape[d]);
-            rest /= (size_t)pl->shape[d];
-        }
-        char where[256];
-        format_shape(where, sizeof where, pl->ndim, at);
-        if (v < pl->ids[0])
-            return fail(TRT_SEER_E_INPUT, "input %s holds %lld at %s; token ids are never negative", pl->name,
-                        (long long)v, where);
-        return fail(TRT_SEER_E_INPUT, "input %s holds %lld at %s; the model's table has %lld ids (%lld..%lld): "
-                    "tokenize with the model's own tokenizer", pl->name, (long long)v, where,
-                    (long long)pl->ids[1], (long long)pl->ids[0], (long long)pl->ids[1] - 1);
+        if (v < pl->ids[0] || v >= pl->ids[1]) return k;
     }
-    return TRT_SEER_OK;
+    return n;
+}
+
+/* A token input's values, before anything is copied: the same rule and message as Python's. */
+static trt_seer_status check_ids(const place *pl, const void *data) {
+    size_t k = first_bad_id(pl, data);
+    if (k == count_of(pl)) return TRT_SEER_OK;
+    int64_t v = pl->dtype == TRT_SEER_INT64 ? ((const int64_t *)data)[k] : ((const int32_t *)data)[k];
+    int64_t at[TRT_SEER_MAX_DIMS];
+    size_t rest = k;
+    for (int32_t d = pl->ndim - 1; d >= 0; --d) { /* the flat index as [i, j, ...] */
+        at[d] = (int64_t)(rest % (size_t)pl->shape[d]);
+        rest /= (size_t)pl->shape[d];
+    }
+    char where[256];
+    format_shape(where, sizeof where, pl->ndim, at);
+    if (v < pl->ids[0])
+        return fail(TRT_SEER_E_INPUT, "input %s holds %lld at %s; token ids are never negative", pl->name,
+                    (long long)v, where);
+    return fail(TRT_SEER_E_INPUT, "input %s holds %lld at %s; the model's table has %lld ids (%lld..%lld): "
+                "tokenize with the model's own tokenizer", pl->name, (long long)v, where,
+                (long long)pl->ids[1], (long long)pl->ids[0], (long long)pl->ids[1] - 1);
 }
 
 static trt_seer_status check_prepared_run(const trt_seer_prepared *p, int32_t n_inputs, const trt_seer_input *inputs,
@@ -848,30 +922,34 @@ static trt_seer_status check_prepared_run(const trt_seer_prepared *p, int32_t n_
     return TRT_SEER_OK;
 }
 
+/* A checked run of `p` (one thread at a time): the inputs copied into its memory, the Python call with
+ * the GIL, its outputs copied into the caller's buffers. */
+static trt_seer_status run_places(trt_seer_prepared *p, const trt_seer_input *inputs, trt_seer_output *outputs) {
+    for (int32_t i = 0; i < p->n_inputs; ++i) memcpy(p->places[i].data, inputs[i].data, p->places[i].nbytes);
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *r = PyObject_CallNoArgs(p->run); /* the staged inputs in, the engine, the outputs back */
+    trt_seer_status st = r ? TRT_SEER_OK : from_exception();
+    Py_XDECREF(r);
+    PyGILState_Release(g);
+    for (int32_t i = 0; st == TRT_SEER_OK && i < p->n_outputs; ++i) {
+        const place *pl = &p->places[p->n_inputs + i];
+        memcpy(outputs[i].data, pl->data, pl->nbytes);
+        outputs[i].dtype = pl->dtype;
+        outputs[i].ndim = pl->ndim;
+        memcpy(outputs[i].shape, pl->shape, sizeof pl->shape);
+    }
+    return st;
+}
+
 trt_seer_status trt_seer_prepared_run(trt_seer_prepared *p, int32_t n_inputs, const trt_seer_input *inputs,
                                       int32_t n_outputs, trt_seer_output *outputs) {
     trt_seer_status st;
     if (p == NULL) return fail(TRT_SEER_E_INPUT, "prepared is NULL");
     if ((st = check_inputs(n_inputs, inputs, 1)) || (st = check_outputs(n_outputs, outputs, 1))) return st;
     if ((st = enter(&p->gate, 1))) return st;
-    if ((st = check_prepared_run(p, n_inputs, inputs, n_outputs, outputs))) {
-        leave(&p->gate);
-        return st;
-    }
-    for (int32_t i = 0; i < n_inputs; ++i) memcpy(p->places[i].data, inputs[i].data, p->places[i].nbytes);
-    PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *r = PyObject_CallNoArgs(p->run); /* the staged inputs in, the engine, the outputs back */
-    st = r ? TRT_SEER_OK : from_exception();
-    Py_XDECREF(r);
-    PyGILState_Release(g);
-    for (int32_t i = 0; st == TRT_SEER_OK && i < n_outputs; ++i) {
-        const place *pl = &p->places[n_inputs + i];
-        memcpy(outputs[i].data, pl->data, pl->nbytes);
-        outputs[i].dtype = pl->dtype;
-        outputs[i].ndim = pl->ndim;
-        memcpy(outputs[i].shape, pl->shape, sizeof pl->shape);
-    }
-    if (st == TRT_SEER_OK) exit_after(p->backend, 1);
+    if ((st = check_prepared_run(p, n_inputs, inputs, n_outputs, outputs)) == TRT_SEER_OK &&
+        (st = run_places(p, inputs, outputs)) == TRT_SEER_OK)
+        exit_after(p->backend, 1);
     leave(&p->gate);
     return done(st);
 }
@@ -886,6 +964,182 @@ trt_seer_status trt_seer_prepared_close(trt_seer_prepared *p) {
     PyGILState_Release(g);
     released();
     return done(st);
+}
+
+/* ------------------------------------------------------------------ the run cache
+ *
+ * Services call trt_seer_run with the same inputs' names, dtypes and shapes and the same outputs over
+ * and over, and the plain path pays for that every time: memoryviews over every buffer, the bridge's
+ * lookups and numpy views, in an embedded interpreter that runs Python 1.3-1.9x slower than the python
+ * executable. So each model keeps one prepared call, made by the plain path after the second
+ * consecutive successful run of one key (the inputs' names, dtypes and shapes in order; the outputs'
+ * names, a NULL name resolved by index), and later runs of exactly that key use it when no other
+ * thread does (else they take the plain path): the inputs copied in C, one Python call, the outputs
+ * copied out in C, as trt_seer_prepared_run does. Its checks are trt_seer_run's: the key is one the
+ * plain path accepted, and the buffer sizes and token ids are checked in C before anything is copied;
+ * where one fails, the plain path runs and reports it in its own words. One call per model bounds the
+ * memory: on TensorRT it has an execution context of its own. Making one costs little on ONNX Runtime
+ * (one run on zeros) but, on TensorRT, a context, pinned and device buffers for the profile's largest
+ * shapes and, on TensorRT-RTX, the new context's first runs: tens of milliseconds, paid by the run that
+ * makes it (the second of its key) and the first runs through it. So a call for another key replaces it
+ * only once the cached calls have served REPAY runs for each call made or tried AND REPAY_NS of saving
+ * per run has paid back the wall time every making took (on TensorRT the second rule is the binding
+ * one: thousands of runs), so keys that take turns cannot make a call every few runs; a try that fails
+ * (no GPU memory for one more context; an output whose shape only the run gives) thus turns the cache
+ * off until then, which is for good when nothing was cached yet. trt_seer_run_cache_stats reports the
+ * counts. trt_seer_close and trt_seer_shutdown release the call after the calls in flight.
+ */
+#define REPAY 100
+#define REPAY_NS 20000ULL /* what a cached run saves at least (25-50 us measured, CPU and H200) */
+
+/* The name trt_seer_run gives output entry i: its own, or by index the model's; NULL: none. */
+static const char *output_name(const trt_seer_model *m, const trt_seer_output *out, int32_t i) {
+    if (out[i].name) return out[i].name;
+    return i < m->n_outputs ? m->infos[m->n_inputs + i].name : NULL;
+}
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
+}
+
+static uint64_t mix(uint64_t h, const void *data, size_t n) { /* FNV-1a */
+    for (size_t i = 0; i < n; ++i) h = (h ^ ((const unsigned char *)data)[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* A hash of the call's key (never 0, the cache's "none"); equal keys are compared in full (same_key). */
+static uint64_t run_key(const trt_seer_model *m, int32_t n_in, const trt_seer_input *in, int32_t n_out,
+                        const trt_seer_output *out) {
+    uint64_t h = mix(14695981039346656037ULL, &n_in, sizeof n_in);
+    for (int32_t i = 0; i < n_in; ++i) {
+        h = mix(h, in[i].name, strlen(in[i].name) + 1);
+        h = mix(h, &in[i].dtype, sizeof in[i].dtype);
+        h = mix(h, &in[i].ndim, sizeof in[i].ndim);
+        h = mix(h, in[i].shape, sizeof(int64_t) * (size_t)in[i].ndim);
+    }
+    h = mix(h, &n_out, sizeof n_out);
+    for (int32_t i = 0; i < n_out; ++i) {
+        const char *name = output_name(m, out, i);
+        h = name ? mix(h, name, strlen(name) + 1) : mix(h, "\1", 1);
+    }
+    return h ? h : 1;
+}
+
+/* Whether `p` was made for exactly this call's key. */
+static int same_key(const trt_seer_model *m, const trt_seer_prepared *p, int32_t n_in, const trt_seer_input *in,
+                    int32_t n_out, const trt_seer_output *out) {
+    if (n_in != p->n_inputs || n_out != p->n_outputs) return 0;
+    for (int32_t i = 0; i < n_in; ++i) {
+        const place *pl = &p->places[i];
+        if (strcmp(in[i].name, pl->name) != 0 || in[i].dtype != pl->dtype || in[i].ndim != pl->ndim ||
+            (pl->ndim > 0 && memcmp(in[i].shape, pl->shape, sizeof(int64_t) * (size_t)pl->ndim) != 0))
+            return 0;
+    }
+    for (int32_t i = 0; i < n_out; ++i) {
+        const char *name = output_name(m, out, i);
+        if (name == NULL || strcmp(name, p->places[n_in + i].name) != 0) return 0;
+    }
+    return 1;
+}
+
+/* trt_seer_run's checks that the key does not settle: every buffer large enough, every token id in range. */
+static int fits(const trt_seer_prepared *p, const trt_seer_input *in, const trt_seer_output *out) {
+    for (int32_t i = 0; i < p->n_outputs; ++i)
+        if (out[i].capacity_bytes < p->places[p->n_inputs + i].nbytes) return 0;
+    for (int32_t i = 0; i < p->n_inputs; ++i)
+        if (first_bad_id(&p->places[i], in[i].data) != count_of(&p->places[i])) return 0;
+    return 1;
+}
+
+/* Inside the model: runs the call through the cached prepared call where it takes it (1, *st set);
+ * 0 where the plain path must run it. */
+static int cached_run(trt_seer_model *m, uint64_t key, int32_t n_in, const trt_seer_input *in, int32_t n_out,
+                      trt_seer_output *out, trt_seer_status *st) {
+    run_cache *c = &m->cache;
+    pthread_mutex_lock(&c->lock);
+    trt_seer_prepared *p = c->call;
+    if (p == NULL || c->busy || c->key != key || !same_key(m, p, n_in, in, n_out, out)) p = NULL;
+    else c->busy = 1;
+    pthread_mutex_unlock(&c->lock);
+    if (p == NULL) return 0;
+    int ran = fits(p, in, out);
+    if (ran) *st = run_places(p, in, out);
+    pthread_mutex_lock(&c->lock);
+    c->busy = 0;
+    c->hits += ran && *st == TRT_SEER_OK;
+    pthread_mutex_unlock(&c->lock);
+    return ran;
+}
+
+/* GIL held: frees a cached call, closing its Python call with bridge.release (which logs a failure: the
+ * run replacing it has succeeded). */
+static void drop_cached(trt_seer_prepared *p) {
+    PyObject *r = call("release", Py_BuildValue("(O)", p->call));
+    if (r == NULL) PyErr_Clear(); /* bridge.release raises nothing; only building its arguments can fail */
+    Py_XDECREF(r);
+    release_prepared(p);
+    free(p);
+}
+
+/* Whether C checks every token input of `p` (fits relies on it; the plain path checks any type). */
+static int checks_all_ids(const trt_seer_prepared *p) {
+    for (int32_t i = 0; i < p->n_inputs; ++i)
+        if (p->places[i].ids[1] >= 0 && !ids_checked(&p->places[i])) return 0;
+    return 1;
+}
+
+/* GIL held, inside the model, after a plain run of `key` succeeded: makes the model's cached call for
+ * `key` when the plain run before was of the same key and the rules above allow one. */
+static void cache_after_run(trt_seer_model *m, uint64_t key, int32_t n_in, const trt_seer_input *in, int32_t n_out,
+                            trt_seer_output *out) {
+    run_cache *c = &m->cache;
+    pthread_mutex_lock(&c->lock);
+    int make = c->last == key && !c->busy && !(c->call && c->key == key) && c->hits >= REPAY * c->made &&
+               c->hits * REPAY_NS >= c->spent_ns;
+    trt_seer_prepared *old = c->call;
+    c->last = key;
+    if (make) c->busy = 1, c->call = NULL, c->made++;
+    pthread_mutex_unlock(&c->lock);
+    if (!make) return;
+    uint64_t start = now_ns();
+    if (old) drop_cached(old);
+    trt_seer_prepared *p = new_prepared("prepare_for_run", m, n_in, in, n_out, out, 0);
+    if (p && !checks_all_ids(p)) drop_cached(p), p = NULL;
+    /* The bridge logs its own failures and returns None; what is left (no memory for the C side) must
+     * not fail a run that has written its outputs: the cache stays empty. */
+    if (p == NULL) PyErr_Clear();
+    uint64_t spent = now_ns() - start;
+    pthread_mutex_lock(&c->lock);
+    c->call = p;
+    c->key = key;
+    c->busy = 0;
+    c->kept += p != NULL;
+    c->spent_ns += spent;
+    pthread_mutex_unlock(&c->lock);
+}
+
+trt_seer_status trt_seer_run_cache_stats(trt_seer_model *model, uint64_t *served, uint64_t *made, uint64_t *tried) {
+    if (model == NULL) return fail(TRT_SEER_E_INPUT, "model is NULL");
+    run_cache *c = &model->cache; /* the struct outlives trt_seer_close: readable after it */
+    pthread_mutex_lock(&c->lock);
+    if (served) *served = c->hits;
+    if (made) *made = c->kept;
+    if (tried) *tried = c->made;
+    pthread_mutex_unlock(&c->lock);
+    return done(TRT_SEER_OK);
+}
+
+/* GIL held, no call inside the model (closed): releases its cached call; the failure of its close. */
+static trt_seer_status close_cached(trt_seer_model *m) {
+    trt_seer_prepared *p = m->cache.call;
+    m->cache.call = NULL;
+    if (p == NULL) return TRT_SEER_OK;
+    trt_seer_status st = close_object(p->call);
+    release_prepared(p);
+    free(p);
+    return st;
 }
 
 /* ------------------------------------------------------------------ shutdown */
@@ -908,6 +1162,7 @@ trt_seer_status trt_seer_shutdown(void) {
             for (size_t i = 0; i < k; ++i) {
                 if (left[i]->prepared != pass) continue;
                 PyObject *obj = pass ? ((trt_seer_prepared *)left[i])->call : ((trt_seer_model *)left[i])->model;
+                if (!pass && close_cached((trt_seer_model *)left[i]) != TRT_SEER_OK) last_error[0] = '\0'; /* as below */
                 if (close_object(obj) != TRT_SEER_OK) last_error[0] = '\0'; /* shutting down: nothing to tell */
                 if (pass) release_prepared((trt_seer_prepared *)left[i]);
                 else release_model((trt_seer_model *)left[i]);

@@ -112,9 +112,20 @@ trt_seer_status trt_seer_output_shapes(trt_seer_model *model, int32_t n_inputs, 
                                        int32_t n_outputs, trt_seer_output *outputs);
 
 /* Runs one batch: every model input once; any subset of the outputs (the others are dropped).
- * Copies each output into its buffer and sets its shape; TRT_SEER_E_BUFFER when one is too small. */
+ * Copies each output into its buffer and sets its shape; TRT_SEER_E_BUFFER when one is too small.
+ * After two consecutive runs of the same input names, dtypes and shapes and outputs, the model keeps
+ * a prepared call for them that later such runs use (the same checks and results, less overhead); on
+ * TensorRT it holds one more execution context until trt_seer_close, and making it adds tens of
+ * milliseconds to the run that makes it and the first runs through it (docs/RUNTIME.md, "Run cache";
+ * trt_seer_run_cache_stats below). */
 trt_seer_status trt_seer_run(trt_seer_model *model, int32_t n_inputs, const trt_seer_input *inputs,
                              int32_t n_outputs, trt_seer_output *outputs);
+
+/* trt_seer_run's run cache for this model since it was opened (docs/RUNTIME.md, "Run cache"): runs it
+ * served through its cached prepared call, cached calls made, and calls made or tried (a try gives none
+ * where an output's shape only follows from the run, or TensorRT has no memory for one more context).
+ * Any pointer may be NULL; also valid after trt_seer_close. For monitoring and benchmarks. */
+trt_seer_status trt_seer_run_cache_stats(trt_seer_model *model, uint64_t *served, uint64_t *made, uint64_t *tried);
 
 /* Releases the model (NULL is fine): refuses new calls on it at once (TRT_SEER_E_INPUT "the model
  * is closed"), waits for the calls in flight, then frees what it holds. Closing again is fine. */
