@@ -42,8 +42,8 @@ from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, is_past, new_of, posit
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
-from trt_seer.runtime.kv_window import (ALIGNS, append_copy, grow_copies, keep_new, land_copy, pick_window, slide_copy,
-                                        window_mask, window_sizes)
+from trt_seer.runtime.kv_window import (ALIGNS, append_copy, default_align, grow_copies, keep_new, land_copy,
+                                        pick_window, resolve_windows, slide_copy, window_mask)
 from trt_seer.runtime.loader import EngineOptions, load_engine
 
 SMALL_INPUTS = TOKEN_INPUTS
@@ -121,18 +121,8 @@ class TensorRTDecoder:
         self.max_batch = profile_max if max_batch is None else int(max_batch)
         self.max_total = int(self.decoder["max_total"])
         self.max_prompt = int(self.decoder["max_prompt"])
-        if windows in (None, "ladder"):
-            sizes = window_sizes(self.max_total)
-        elif windows == "single":
-            sizes = (self.max_total - 1,)
-        elif isinstance(windows, str):
-            raise InputError(f'windows must be "ladder", "single" or window sizes, got {windows!r}')
-        else:
-            sizes = windows
-        self.windows = tuple(sorted({min(int(w), self.max_total - 1) for w in sizes} | {self.max_total - 1}))
-        if self.windows[0] < 1:
-            raise InputError(f"window sizes must be >= 1, got {list(sizes)}")
-        self.align = align or self._align()
+        self.windows = resolve_windows(windows, self.max_total)
+        self.align = align or default_align(self.decoder, self.windows[-1])
         if self.align not in ALIGNS:
             raise InputError(f"align must be one of {', '.join(ALIGNS)}, got {align!r}")
         self._user, self._scratch = self._shared_scratch()
@@ -143,12 +133,6 @@ class TensorRTDecoder:
         self.closed = False
 
     # --- setup -------------------------------------------------------------------------------
-
-    def _align(self) -> str:
-        if "sliding_window" not in self.decoder:  # unknown: a sliding-window mask needs true distances
-            return "right"
-        sliding = int(self.decoder["sliding_window"] or 0)
-        return "right" if 0 < sliding < self.windows[-1] else "left"
 
     def _names(self) -> None:
         trt = self.flavor.trt
@@ -476,11 +460,11 @@ class TensorRTDecoder:
         self.stream.synchronize()
         self.closed = True
         self._jit_cache.save()
-        scratch = [b for b in {id(b): b for b in (self._scratch, self._stage) if b is not None}.values()]
         self._prefill, self._decode = None, {}  # the contexts go before the memory they use
-        for buf in (*self._buffers(), *self._small.values(), self._logits, *([self._next] if self._next is not None else []),
-                    *scratch):
-            buf.close()
+        stage = None if self._stage is self._scratch else self._stage  # the scratch may be the staging too
+        for buf in (*self._buffers(), *self._small.values(), self._logits, self._next, self._scratch, stage):
+            if buf is not None:
+                buf.close()
         self.engine, self._runtime = None, None
         for owned in (*self._lanes, self.stream):
             owned.close()

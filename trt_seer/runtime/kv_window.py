@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from trt_seer.errors import InputError
+
 ALIGNS = ("left", "right")
 SMALLEST_WINDOW = 256
 
@@ -48,6 +50,34 @@ def window_sizes(max_total: int, smallest: int = SMALLEST_WINDOW) -> tuple[int, 
         sizes.append(w)
         w *= 2
     return (*sizes, largest)
+
+
+
+def resolve_windows(windows: tuple[int, ...] | str | None, max_total: int) -> tuple[int, ...]:
+    """The window sizes a decoder steps in, ascending, the largest max_total - 1: "ladder" (None)
+    gives `window_sizes`, "single" that one window, sizes are capped at it. InputError otherwise."""
+    if windows in (None, "ladder"):
+        sizes = window_sizes(max_total)
+    elif windows == "single":
+        sizes = (max_total - 1,)
+    elif isinstance(windows, str):
+        raise InputError(f'windows must be "ladder", "single" or window sizes, got {windows!r}')
+    else:
+        sizes = windows
+    out = tuple(sorted({min(int(w), max_total - 1) for w in sizes} | {max_total - 1}))
+    if out[0] < 1:
+        raise InputError(f"window sizes must be >= 1, got {list(sizes)}")
+    return out
+
+
+def default_align(decoder: dict, largest: int) -> str:
+    """"left" where the manifest's `decoder` section says the attention is full (`sliding_window`
+    null) or slides over at least the `largest` window; else "right", also where it does not say
+    (a sliding-window mask needs true distances)."""
+    if "sliding_window" not in decoder:
+        return "right"
+    sliding = int(decoder["sliding_window"] or 0)
+    return "right" if 0 < sliding < largest else "left"
 
 
 def pick_window(windows: tuple[int, ...], used: int) -> int | None:
