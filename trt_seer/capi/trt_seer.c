@@ -60,7 +60,7 @@ typedef struct {
     uint64_t key;            /* the hash of its key */
     int busy;                /* a run is using it, or it is being replaced */
     uint64_t last;           /* the hash of the key of the last run on the plain path */
-    uint64_t hits, made;     /* runs it served; calls made or tried */
+    uint64_t hits, tries;    /* runs it served; calls made or tried */
     uint64_t kept;           /* calls made (tries that gave one) */
     uint64_t spent_ns;       /* wall time spent making or trying calls */
 } run_cache;
@@ -1096,11 +1096,11 @@ static void cache_after_run(trt_seer_model *m, uint64_t key, int32_t n_in, const
                             trt_seer_output *out) {
     run_cache *c = &m->cache;
     pthread_mutex_lock(&c->lock);
-    int make = c->last == key && !c->busy && !(c->call && c->key == key) && c->hits >= REPAY * c->made &&
+    int make = c->last == key && !c->busy && !(c->call && c->key == key) && c->hits >= REPAY * c->tries &&
                c->hits * REPAY_NS >= c->spent_ns;
     trt_seer_prepared *old = c->call;
     c->last = key;
-    if (make) c->busy = 1, c->call = NULL, c->made++;
+    if (make) c->busy = 1, c->call = NULL, c->tries++;
     pthread_mutex_unlock(&c->lock);
     if (!make) return;
     uint64_t start = now_ns();
@@ -1126,7 +1126,7 @@ trt_seer_status trt_seer_run_cache_stats(trt_seer_model *model, uint64_t *served
     pthread_mutex_lock(&c->lock);
     if (served) *served = c->hits;
     if (made) *made = c->kept;
-    if (tried) *tried = c->made;
+    if (tried) *tried = c->tries;
     pthread_mutex_unlock(&c->lock);
     return done(TRT_SEER_OK);
 }
