@@ -67,6 +67,9 @@ def test_80m_decoder_fp16_int4_peaks_under_2_5x_its_fp16_weights(llama80m, strea
     assert not [n for n in names if n.endswith((".onnx", ".onnx.data")) and "skeleton" not in n]
     for precision in ("fp16", "int4"):  # records outlive their graphs, marked removed
         assert json.loads((out / f"llama80m.{precision}.onnx.json").read_text())["removed"] is True
+    sampler = manifest.read_engine_manifest(out / "llama80m.sampler.float16.manifest.json")  # the device sampler
+    vocab = json.loads((llama80m / "config.json").read_text())["vocab_size"]
+    assert sampler["sampler"]["vocab"] == vocab and (out / "llama80m.sampler.float16.engine").is_file()
 
 
 @needs_trt

@@ -495,3 +495,66 @@ def test_the_generation_bench_times_greedy_steps_the_way_generation_runs_them(op
     prefill, *decode = dec.engine.contexts
     assert prefill.runs == 1 and sum(c.runs for c in decode) == 5 and dec.past == 3 + 5
     assert got["device_ms_per_step"] == 0.5 and got["tokens_per_s"] > 0 and got["batch"] == 2
+
+
+class SamplerEngine:
+    """The device sampler: export/sampler.py's graph for the toy vocabulary, run by ONNX Runtime on
+    the memory its context is bound to."""
+
+    def __init__(self):
+        import onnxruntime as ort
+
+        from trt_seer.export.sampler import sampler_model
+
+        self.session = ort.InferenceSession(sampler_model(VOCAB, "float32").SerializeToString(),
+                                            providers=["CPUExecutionProvider"])
+        self.runs = 0
+
+    def get_tensor_shape(self, name):
+        return (-1, 1, VOCAB)
+
+    def create_execution_context(self):
+        engine = self
+
+        class SamplerContext(Context):
+            def execute_async_v3(self, stream):
+                feeds = {name: array_at(self.addresses[name], self.shapes[name], np.float32).copy()
+                         for name in ("logits", "uniforms", "settings")}
+                token = engine.session.run(None, feeds)[0]
+                array_at(self.addresses["next_token"], token.shape, np.int64)[...] = token
+                engine.runs += 1
+                return True
+
+        return SamplerContext(self)
+
+
+@pytest.mark.parametrize("top_p", [0.6, 1.0])
+def test_sampled_tokens_are_drawn_on_the_device_and_fed_back(open_decoder, monkeypatch, tmp_path, top_p):
+    """With a device sampler beside the engine, sampling generates the host sampler's tokens for the
+    same seed (the same draws), across window promotions, with only the ids coming back after
+    each step and the uniform numbers going up; top-k stays on the host."""
+    from trt_seer.runtime import sampler_trt
+    from trt_seer.runtime.generate import Sampling, generate_ids
+
+    prompts = [[3, 7, 7, 1, 9], [4, 12, 4]]
+    sampling = Sampling(max_new_tokens=7, temperature=2000.0, top_p=top_p, seed=11)  # toy logits: votes in the hundreds
+    host = open_decoder("window", windows=(2, 4, 8), next_token="int64")
+    assert not host.samples
+    want = list(generate_ids(host, prompts, sampling, set(), 0))
+    engine = SamplerEngine()
+    loaded = LoadedEngine(tmp_path / "toy.sampler.float32.engine", {}, None, None, types.SimpleNamespace(errors=[]),
+                          object(), engine, types.SimpleNamespace(save=lambda: None))
+    monkeypatch.setattr(sampler_trt.DeviceSampler, "beside",
+                        classmethod(lambda cls, path, m, vocab, dtype, options, batch, stream:
+                                    cls(loaded, batch, stream) if (vocab, dtype) == (VOCAB, "float32") else None))
+    dec = open_decoder("window", windows=(2, 4, 8), next_token="int64")
+    assert dec.samples
+    dec.rt.copied.clear()
+    assert list(generate_ids(dec, prompts, sampling, set(), 0)) == want
+    assert engine.runs == 7 and len({t for _, t in want}) > 2  # really sampled
+    back = [n for kind, n in dec.rt.copied if kind == "DeviceToHost"]
+    assert back == [2 * 8] * 7  # the ids only, never the logits
+    ids = np.array([[5, 6]], np.int64)
+    dec.reset(1)
+    with pytest.raises(UnsupportedError, match="not top-k"):
+        next(dec.sampled_tokens(ids, np.ones_like(ids), 3, Sampling(temperature=1.0, top_k=5), None))

@@ -112,6 +112,48 @@ def test_tokens_fed_back_on_the_device_equal_step_by_step_greedy(engines, precis
     np.testing.assert_array_equal(fed_back, np.stack(stepwise))
 
 
+@pytest.mark.parametrize("precision", ["fp16", "int4"])
+def test_the_device_sampler_draws_the_hosts_tokens_and_feeds_them_back(engines, precision):
+    """The sampler engine the build wrote, on real kernels: on each step's logits (in place on the
+    GPU) it draws the host sampler's token for the same uniform numbers; sampled_tokens then feeds
+    its tokens back step after step, reproducibly for a seed."""
+    from trt_seer.decoder_io import position_ids
+    from trt_seer.runtime import cuda
+    from trt_seer.runtime.decoder_trt import TensorRTDecoder
+    from trt_seer.runtime.generate import Sampling
+    from trt_seer.runtime.sampling import draws, nucleus_draw
+
+    _, out = engines
+    rng = np.random.default_rng(2)
+    ids = rng.integers(3, 120, (4, 9)).astype(np.int64)
+    mask = np.ones_like(ids)
+    agree = []
+    with TensorRTDecoder(out / f"llama.{precision}.engine", windows=(2, 4, 8, 12, 16)) as dec:
+        assert dec.samples
+        dec.reset(4)
+        logits = dec.step(ids, mask, position_ids(mask))
+        for t in range(12):
+            for temperature, top_p in ((0.7, 0.9), (2.0, 0.5), (1.0, 1.0)):
+                u = draws(rng, 4)
+                dec.sampler.enqueue(t % 2, dec._logits.device_ptr, dec._next.device_ptr, u,
+                                    dec.sampler.settings(4, temperature, top_p))
+                cuda.copy_async(dec._next.host_ptr, dec._next.device_ptr, 4 * 8, "DeviceToHost", dec.stream)
+                dec.stream.synchronize()
+                got = dec._next.host_view((4,), np.int64).copy()
+                agree.append(got == nucleus_draw(logits, np.float32(1 / temperature), top_p, u))
+            mask = np.concatenate([mask, np.ones((4, 1), np.int64)], 1)
+            logits = dec.step(got[:, None], mask, position_ids(mask, 1))
+        sampling = Sampling(temperature=0.9, top_p=0.8)
+        runs = []
+        for seed in (5, 5, 6):
+            dec.reset(4)
+            runs.append(np.stack(list(dec.sampled_tokens(ids, np.ones_like(ids), 10, sampling,
+                                                         np.random.default_rng(seed)))))
+    assert np.mean(agree) >= 0.97, f"{np.mean(agree):.3f} of device draws are the host's"
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert not np.array_equal(runs[0], runs[2]) and runs[0].min() >= 0 and runs[0].max() < dec.vocab
+
+
 def test_generate_on_the_engine_agrees_with_hugging_face(engines, capsys):
     from trt_seer import cli
 

@@ -1,33 +1,42 @@
-"""Next-token choice (runtime/sampling.py): the partial sort draws the token a full float64 sort of
-the vocabulary draws for the same uniform number, a seed reproduces itself, top-k 1 is greedy and
-top-k / top-p keep to their candidates. Speed: tools/bench_sampling.py."""
+"""Next-token choice (runtime/sampling.py): the draw equals a plain full-sort reference of the same
+rule for the same uniform numbers, its tokens follow the top-p distribution, a seed reproduces itself,
+top-k 1 is greedy and top-k / top-p keep to their candidates; the device sampler's graph
+(export/sampler.py, run here by ONNX Runtime) draws the host's tokens. Speed: tools/bench_sampling.py."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from trt_seer.runtime.generate import Sampling
-from trt_seer.runtime.sampling import choose
+from trt_seer.runtime.sampling import DRAWS, choose, draws, nucleus_draw
 
 
-def full_sort_choose(logits, sampling, rng):
-    """The previous choice: the whole vocabulary sorted per row in float64."""
-    scores = logits.astype(np.float64) / sampling.temperature
-    if 0 < sampling.top_k < scores.shape[-1]:
-        kth = np.partition(scores, -sampling.top_k, axis=-1)[:, -sampling.top_k][:, None]
-        scores = np.where(scores < kth, -np.inf, scores)
-    order = np.argsort(-scores, axis=-1, kind="stable")
-    probs = np.take_along_axis(scores, order, axis=-1)
-    probs = np.exp(probs - probs[:, :1])
-    probs /= probs.sum(axis=-1, keepdims=True)
-    if sampling.top_p < 1:
-        before = np.cumsum(probs, axis=-1) - probs
-        probs = np.where(before < sampling.top_p, probs, 0.0)
-        probs /= probs.sum(axis=-1, keepdims=True)
-    cdf = np.cumsum(probs, axis=-1)
-    u = rng.random((len(scores), 1)) * cdf[:, -1:]
-    picked = np.minimum((cdf <= u).sum(axis=-1), scores.shape[-1] - 1)
-    return order[np.arange(len(scores)), picked].astype(np.int64)
+def reference_draw(logits, temperature, top_p, u):
+    """The rule, written plainly in float64 with a full sort: candidates by inverse CDF in id order,
+    the first whose likelier tokens hold less than top_p, else the inverse CDF over the nucleus at u_0."""
+    out = []
+    for row, us in zip(logits.astype(np.float64) / temperature, u):
+        p = np.exp(row - row.max())
+        total = p.sum()
+        likelier = np.array([p[p > x].sum() for x in p]) if len(p) <= 64 else None
+        values = np.sort(p)[::-1]
+        before = np.cumsum(values) - values
+        first = np.searchsorted(-values, -values, side="left")
+        cut = values[before[first] < top_p * total].min() if top_p < 1 else 0.0
+        if likelier is not None:  # small rows: the definition itself
+            assert np.array_equal(likelier < top_p * total, p >= cut) or top_p >= 1
+        cdf = np.cumsum(p)
+        token = None
+        for uj in us:
+            x = min(int((cdf <= uj * total).sum()), len(p) - 1)
+            if p[x] >= cut:
+                token = x
+                break
+        if token is None:
+            kept = np.cumsum(np.where(p >= cut, p, 0.0))
+            token = min(int((kept <= us[0] * kept[-1]).sum()), len(p) - 1)
+        out.append(token)
+    return np.array(out)
 
 
 def lm_like_logits(rng, batch, vocab, spread):
@@ -37,23 +46,35 @@ def lm_like_logits(rng, batch, vocab, spread):
     return logits
 
 
-@pytest.mark.parametrize("spread", [0.0, 6.0, 15.0, 40.0])  # flat (binned) .. peaked (near head)
+@pytest.mark.parametrize("spread", [0.0, 6.0, 15.0, 40.0])  # flat .. peaked
 @pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9),
-                                dict(temperature=1.3, top_k=40), dict(temperature=1.0, top_k=50, top_p=0.8),
-                                dict(temperature=0.5, top_p=0.5)])
-def test_partial_sort_draws_the_full_sorts_token(kw, spread):
-    """Same uniform numbers, same tokens, over 8 x 20 draws on a 32k vocabulary (float32 rounding
-    may move a boundary between two tokens: at most one draw in a hundred)."""
-    rng = np.random.default_rng(int(spread) + len(kw))
+                                dict(temperature=0.5, top_p=0.5), dict(temperature=1.2, top_p=0.05)])
+def test_the_draw_is_the_full_sort_references_for_the_same_numbers(kw, spread):
+    """Same uniform numbers, same tokens, over 8 x 10 draws on a 32k vocabulary (float32 rounding
+    may move a boundary between two tokens: at most one draw in a hundred). top_p 0.05 on flat
+    logits sends most rows through the exact fallback (no candidate in the nucleus)."""
+    rng, uniforms = np.random.default_rng(int(spread) + len(kw)), np.random.default_rng(5)
     sampling = Sampling(**kw)
     got, want = [], []
-    a, b = np.random.default_rng(5), np.random.default_rng(5)
-    for _ in range(20):
+    for _ in range(10):
         logits = lm_like_logits(rng, 8, 32000, spread)
-        got.append(choose(logits, sampling, a))
-        want.append(full_sort_choose(logits, sampling, b))
+        u = draws(uniforms, 8)
+        got.append(nucleus_draw(logits, np.float32(1 / sampling.temperature), sampling.top_p, u))
+        want.append(reference_draw(logits, sampling.temperature, sampling.top_p, u))
     same = np.mean(np.concatenate(got) == np.concatenate(want))
     assert same >= 0.99, f"{same:.3f} of draws agree"
+
+
+def test_tokens_follow_the_top_p_distribution():
+    """20,000 draws over 6 tokens: each kept token's share is its probability renormalized over the
+    nucleus (within 4 standard errors); the tokens outside it never come."""
+    probs = np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
+    logits = np.log(np.tile(probs, (20000, 1))).astype(np.float32)
+    tokens = choose(logits, Sampling(temperature=1.0, top_p=0.75), np.random.default_rng(0))
+    want = np.array([0.4, 0.25, 0.15, 0, 0, 0]) / 0.8  # 0.4 + 0.25 < 0.75: the third is kept, then no more
+    share = np.bincount(tokens, minlength=6) / len(tokens)
+    tolerance = 4 * np.sqrt(want * (1 - want) / len(tokens)) + 1e-12
+    assert np.all(np.abs(share - want) <= tolerance), (share, want)
 
 
 def test_a_seed_reproduces_itself_and_top_k_1_is_greedy():
@@ -67,6 +88,14 @@ def test_a_seed_reproduces_itself_and_top_k_1_is_greedy():
     greedy = choose(logits, Sampling(), None)
     assert (greedy == logits.argmax(-1)).all()
     assert (choose(logits, Sampling(temperature=5.0, top_k=1), np.random.default_rng(3)) == greedy).all()
+    rng = np.random.default_rng(9)
+    choose(logits, hot, rng)
+    assert rng.bit_generator.state == _after(np.random.default_rng(9), (8, DRAWS))  # DRAWS numbers per row, always
+
+
+def _after(rng, shape):
+    rng.random(shape, dtype=np.float32)
+    return rng.bit_generator.state
 
 
 def test_top_p_keeps_the_smallest_head_that_reaches_its_mass():
@@ -85,3 +114,27 @@ def test_flat_distribution_grows_the_candidates_to_the_whole_vocabulary():
     rng = np.random.default_rng(1)
     picks = np.concatenate([choose(logits, Sampling(temperature=1.0, top_p=0.99), rng) for _ in range(50)])
     assert picks.max() > 4000 and len(set(picks)) > 150
+
+
+@pytest.mark.parametrize("spread", [0.0, 6.0, 40.0])
+@pytest.mark.parametrize("temperature, top_p", [(0.8, 0.9), (1.0, 1.0), (0.6, 0.3)])
+def test_the_device_samplers_graph_draws_the_hosts_tokens(spread, temperature, top_p):
+    """export/sampler.py's graph, run by ONNX Runtime on float16 logits as a decoder engine gives
+    them: the host's tokens for the same uniform numbers (at most one draw in a hundred apart)."""
+    import onnxruntime as ort
+
+    from trt_seer.export.sampler import sampler_model
+
+    vocab = 5000
+    session = ort.InferenceSession(sampler_model(vocab, "float16").SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(int(spread))
+    got, want = [], []
+    for _ in range(6):
+        logits = lm_like_logits(rng, 8, vocab, spread).astype(np.float16)
+        u = draws(rng, 8)
+        settings = np.tile(np.float32([1 / temperature, top_p]), (8, 1))
+        got.append(session.run(None, {"logits": logits[:, None], "uniforms": u, "settings": settings})[0][:, 0])
+        want.append(nucleus_draw(logits.astype(np.float32), np.float32(1 / temperature), top_p, u))
+    same = np.mean(np.concatenate(got) == np.concatenate(want))
+    assert same >= 0.99, f"{same:.3f} of draws agree"

@@ -17,8 +17,9 @@ weights), exported with its KV cache, converted to FP16, quantized weight-only (
 INT4 in blocks of 128; round to nearest: random weights have nothing to calibrate against) and built
 into engines. With --model the checkpoint's artifacts are made the same way, or taken from
 `--engines DIR` (a `trt-seer build --out DIR` of it: its gated engines). Every figure is end to end
-(ids in, the next token on the host). `--sampling` adds a row per engine that samples (top-p 0.9,
-temperature 0.8: the logits come back and the host chooses, runtime/sampling.py) beside greedy.
+(ids in, the next token on the host). `--sampling` adds rows per engine that sample (top-p 0.9,
+temperature 0.8): drawn by the engine's device sampler and fed back on the device, where the build
+wrote one, and with the logits back on the host (runtime/sampling.py), beside greedy.
 
     python -m trt_seer build --model ckpt/ --task causal-lm --fp16 --seq 1,128,4000 --out out/b
     python tools/bench_generate.py --model ckpt/ --engines out/b --contexts 256,3840 --hf none
@@ -145,7 +146,6 @@ def measure_engines(engines: dict[str, Path], spec, variants: list[str], align: 
     from trt_seer.bench.generate import measure_step
     from trt_seer.runtime import cuda
     from trt_seer.runtime.decoder_trt import TensorRTDecoder
-    from trt_seer.runtime.generate import Sampling
 
     rows = {}
     for precision, path in engines.items():
@@ -159,9 +159,34 @@ def measure_engines(engines: dict[str, Path], spec, variants: list[str], align: 
                 rows[label] = {**measure_step(dec, dec.vocab, spec), "memory_bytes": used}
                 print(label, json.dumps(rows[label]), flush=True)
                 if sampled and i == 0:
-                    label += f", top-p {SAMPLED['top_p']} T {SAMPLED['temperature']}"
-                    rows[label] = {**measure_step(dec, dec.vocab, spec, Sampling(**SAMPLED)), "memory_bytes": used}
-                    print(label, json.dumps(rows[label]), flush=True)
+                    rows.update(_sampled_rows(dec, label, spec, used))
+    return rows
+
+
+class HostSampled:
+    """A decoder with its device sampler out of reach: the logits come back and the host samples."""
+
+    samples = False
+
+    def __init__(self, decoder):
+        self._decoder = decoder
+
+    def __getattr__(self, name):
+        return getattr(self._decoder, name)
+
+
+def _sampled_rows(dec, label: str, spec, used: int) -> dict[str, dict]:
+    """Top-p rows for one engine: drawn by its device sampler (where the build wrote one), and on the host."""
+    from trt_seer.bench.generate import measure_step
+    from trt_seer.runtime.generate import Sampling
+
+    rows = {}
+    for where, step in (("device sampler", dec), ("host sampler", HostSampled(dec))):
+        if where == "device sampler" and not dec.samples:
+            continue
+        name = f"{label}, top-p {SAMPLED['top_p']} T {SAMPLED['temperature']} ({where})"
+        rows[name] = {**measure_step(step, dec.vocab, spec, Sampling(**SAMPLED)), "memory_bytes": used}
+        print(name, json.dumps(rows[name]), flush=True)
     return rows
 
 
@@ -279,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                                                            "the compiled one is the ratios' baseline")
     ap.add_argument("--no-hf", action="store_true", help="same as --hf none")
     ap.add_argument("--engines", type=Path, help="with --model: take the engines from this build --out directory")
-    ap.add_argument("--sampling", action="store_true", help="also time top-p sampling (on the host) per engine")
+    ap.add_argument("--sampling", action="store_true", help="also time top-p sampling per engine (device sampler, and on the host)")
     ap.add_argument("--kernels", action="store_true", help="also profile kernel launches per decode step")
     ap.add_argument("--build-only", action="store_true", help="make the artifacts and engines, measure nothing")
     ap.add_argument("--cpu", action="store_true",

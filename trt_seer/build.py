@@ -214,8 +214,23 @@ def _cache_hit(request: BuildRequest) -> dict | None:
             return None
         if file_sha(engine, m["engine"]) != m["engine"]["sha256"]:
             return None
+        if "decoder" in m and not _sampler_beside(engine, m):
+            return None  # a decoder's build ends with its device sampler
         hit[p] = m
     return hit
+
+
+def _sampler_beside(engine: Path, m: dict) -> bool:
+    """The decoder's device sampler is there, made by this version's rule."""
+    from trt_seer.export.sampler import PASSES, THRESHOLDS
+    from trt_seer.runtime.sampler_trt import sampler_file
+    from trt_seer.runtime.sampling import DRAWS
+
+    logits = next((o["dtype"] for o in m["io"]["outputs"] if o["name"] == "logits"), None)
+    path = sampler_file(engine, m["name"], logits) if logits else None
+    own = manifest.read_if_exists(manifest.engine_manifest_path(path)) if path and path.is_file() else None
+    rule = {"draws": DRAWS, "thresholds": THRESHOLDS, "passes": PASSES}
+    return bool(own) and {k: own.get("sampler", {}).get(k) for k in rule} == rule
 
 
 def _stamp(request: BuildRequest, result: BuildResult, info) -> None:

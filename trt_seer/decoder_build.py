@@ -9,6 +9,7 @@ the FP16 weights, whatever the model's size.
        checkpoint, gated (on the GPU through its engine when one runs engines, else ONNX Runtime
        on the CPU); its engine; the graph removed
     5. --fp32 only: the FP32 graph and engine, last
+    6. the device sampler for the engines' logits (export/sampler.py: a few MB, built in seconds)
 
 `keep_intermediates` keeps every graph, and writes the FP32 graph and ONNX Runtime's INT8/INT4
 CPU forms (MatMulNBits, made from the FP32 graph) that the CPU backend runs when no GPU does. Each stage's wall time, peak RSS, bytes written and disk under --out go to
@@ -24,6 +25,7 @@ from trt_seer.engine import manifest
 from trt_seer.records import Artifacts
 
 log = logging.getLogger(__name__)
+SAMPLER_BYTES = 8 << 20  # the device sampler's graph and engine: about 3 MB at a 32,000-token vocabulary
 
 
 def plan_decoder(sizes: resources.WeightSizes, chosen: list[str], quant, keep: bool) -> resources.Plan:
@@ -55,6 +57,7 @@ def plan_decoder(sizes: resources.WeightSizes, chosen: list[str], quant, keep: b
         plan.add("fp32.engine", int(2 * f16 * eng))
         if not keep:
             plan.add("fp32.onnx removed", -2 * f16)
+    plan.add("sampler engine (device sampling)", SAMPLER_BYTES)
     # measured peaks (docs/BENCHMARKS.md, decoder builds at scale): the FP16 engine build, where
     # TensorRT-RTX holds the parsed graph's weights and its own copies (3.8x the FP16 weights at 7B,
     # 4.4x at 1.1B); the export with its ONNX Runtime check (FP32 copies of the weights) is next
@@ -83,12 +86,24 @@ def build_decoder(info, request, chosen: list[str]) -> tuple[dict, list]:
         manifests["fp32"] = _engine(stages, art, fp32, request.engine_spec("fp32"), request.force)
         if not keep:
             intermediates.remove_graph(art, "fp32")
+    _samplers(art, request, manifests, stages)
     for p in chosen:
         report(art, p, manifests[p], manifests[p].get("_rebuilt", False))
         manifests[p].pop("_rebuilt", None)
     if todo:
         _weight_only_benefit(art, [f"int{b}" for b in todo])
     return manifests, stages.records
+
+
+def _samplers(art: Artifacts, request, manifests: dict, stages) -> None:
+    """The device sampler for each logits dtype the decoder engines give (runtime/sampler_trt.py)."""
+    def logits(m: dict) -> str:
+        return next(o["dtype"] for o in m["io"]["outputs"] if o["name"] == "logits")
+
+    vocab = int(manifests["fp16"]["decoder"]["vocab_size"])
+    for dtype in sorted({logits(m) for m in manifests.values()}):
+        stages.run(f"sampler engine ({dtype})", pipeline.sampler_engine, art, manifests["fp16"]["name"], vocab,
+                   dtype, request.engine_spec("fp16"), request.force, request.keep_intermediates)
 
 
 def _engine(stages, art: Artifacts, record: dict, spec, force: bool) -> dict:

@@ -206,3 +206,35 @@ def fp16_decoder_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> d
                                    "cases": report["cases"], "measured_on": {"artifact": dest.name, "backend": "onnxruntime CPU"},
                                    "reference_measured_on": {"artifact": Path(info.path).name, "backend": "PyTorch float16 CPU"}}},
                                "weights_from_checkpoint": wmap})
+
+
+def sampler_engine(art: Artifacts, name: str, vocab: int, logits_dtype: str, spec, force: bool = False,
+                   keep: bool = False) -> dict:
+    """The device sampler (export/sampler.py) for a decoder's vocabulary and logits dtype: the
+    engine `<name>.sampler.<dtype>.engine`, which runtime/sampler_trt.py finds beside the decoder's
+    engines. `spec`: the decoder's BuildSpec (its targets and batch range). Its graph is written
+    each time (the same bytes for the same vocabulary: the cache key's hash) and removed after
+    unless `keep`."""
+    from dataclasses import replace
+
+    from trt_seer.engine import trt as trt_adapter
+    from trt_seer.engine.build import cache_key, engine_from_onnx
+    from trt_seer.export import sampler
+    from trt_seer.export.families import ShapeProfile
+    from trt_seer.runtime.sampling import DRAWS
+
+    spec = replace(spec, precision="sampler", max_total=None, profile=ShapeProfile(spec.profile.batch, (1, 1, 1)))
+    onnx_path = sampler.sampler_onnx(art.path(f"sampler.{logits_dtype}.onnx"), vocab, logits_dtype)
+    engine_path = art.path(f"sampler.{logits_dtype}.engine")
+    sha = onnxio.sha256(onnx_path)
+    current = None if force else up_to_date(engine_path, manifest.engine_manifest_path(engine_path),
+                                             cache_key(sha, spec, trt_adapter.load()))
+    if not current:
+        log.info("building the device sampler (%s logits) ...", logits_dtype)
+        about = {"vocab": int(vocab), "logits_dtype": logits_dtype, "draws": DRAWS, "thresholds": sampler.THRESHOLDS,
+                 "passes": sampler.PASSES}
+        current = engine_from_onnx(onnx_path, engine_path, spec, onnx_sha=sha,
+                                   extra={"name": name, "task": "next-token-sampler", "sampler": about})
+    if not keep:
+        onnx_path.unlink()
+    return current

@@ -66,15 +66,18 @@ def decode_rate(step, batch: int, spec: GenBenchSpec, vocab: int, context: int |
     """Decode of `spec.new_tokens` after a prompt of `context` (default `spec.prompt`) tokens:
     tokens/s and ms per step. Greedy (on the device where the step can; with the tokens fed back on
     the device, one step in flight while the host takes the last, where the step `pipelines`, as
-    `generate` runs it), or `sampling` (a runtime.generate.Sampling: the logits come back and
+    `generate` runs it), or `sampling` (a runtime.generate.Sampling: drawn by the device sampler
+    and fed back the same way where the step `samples`, else the logits come back and
     runtime/sampling.py chooses on the host)."""
     context = spec.prompt if context is None else context
     rng = np.random.default_rng(spec.seed)
     ids, mask, pos = _prompt(rng, batch, context, vocab)
     step.reset(batch)
     device_ms = []
-    if sampling is None and getattr(step, "pipelines", False):  # greedy as generation runs it
-        tokens = step.greedy_tokens(ids, mask, spec.new_tokens + 1)
+    on_device = sampling is not None and not sampling.top_k and getattr(step, "samples", False)
+    if on_device or (sampling is None and getattr(step, "pipelines", False)):  # as generation runs it
+        tokens = (step.sampled_tokens(ids, mask, spec.new_tokens + 1, sampling, np.random.default_rng(spec.seed + 1))
+                  if on_device else step.greedy_tokens(ids, mask, spec.new_tokens + 1))
         next(tokens)  # the prompt step's token; the first decode step is already under way
         start = time.perf_counter()
         for _ in tokens:

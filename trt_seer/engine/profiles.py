@@ -65,9 +65,21 @@ def decoder_profiles(inputs: dict[str, tuple], profile: ShapeProfile, total: int
     return [(DECODE, decode), (PREFILL, prefill)]
 
 
+def batch_only(inputs: dict[str, tuple]) -> bool:
+    """Every input's only dynamic axis is the first (the sampler graph, export/sampler.py)."""
+    return all(len(s) >= 2 and s[0] < 0 and min(s[1:]) > 0 for s in inputs.values())
+
+
+def batch_profile(inputs: dict[str, tuple], profile: ShapeProfile) -> dict[str, tuple]:
+    """{input: (min, opt, max)} over the batch axis; the other axes as the graph fixes them."""
+    return {name: tuple((b, *shape[1:]) for b in profile.batch) for name, shape in inputs.items()}
+
+
 def profiles_for(inputs: dict[str, tuple], profile: ShapeProfile, total: int | None) -> list[tuple[str, dict]]:
     if is_decoder(inputs):
         return decoder_profiles(inputs, profile, check_total(profile, total))
+    if batch_only(inputs):
+        return [("batch", batch_profile(inputs, profile))]
     return [("default", encoder_profile(inputs, profile))]
 
 

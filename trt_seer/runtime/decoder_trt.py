@@ -129,6 +129,7 @@ class TensorRTDecoder:
         self._prefill = self._context(1 if self.engine.num_optimization_profiles > 1 else 0, decode=False)
         self._decode = {}  # window size (or "grow") -> its decode context, made on first use
         self._alloc()
+        self.sampler = self._device_sampler()
         self.batch, self.past = 0, 0
         self.closed = False
 
@@ -151,6 +152,20 @@ class TensorRTDecoder:
         self.vocab = int(self.engine.get_tensor_shape("logits")[-1])
         self.next_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(NEXT_TOKEN))) if NEXT_TOKEN in names else None
         self.pipelines = self.next_dtype == np.int64  # greedy_tokens feeds next_token back as input_ids
+
+    def _device_sampler(self):
+        """The sampler engine beside this one (runtime/sampler_trt.py), when it can feed its tokens back."""
+        from trt_seer.runtime.sampler_trt import DeviceSampler
+
+        if not self.pipelines:
+            return None
+        return DeviceSampler.beside(self.path, self.manifest, self.vocab, self.logits_dtype.name, self.options,
+                                    self.max_batch, self.stream)
+
+    @property
+    def samples(self) -> bool:
+        """`sampled_tokens` runs here: a device sampler for temperature and top-p."""
+        return self.sampler is not None
 
     def _context(self, profile: int, decode: bool):
         config = self.engine.create_runtime_config() if hasattr(self.engine, "create_runtime_config") else None
@@ -276,10 +291,11 @@ class TensorRTDecoder:
         self.last_gpu_ms = self._lane.end.elapsed_ms(self._lane.start)
 
     def _enqueue(self, feeds: dict, lane: "_Lane", out_ptr: int, host_ptr: int, out_bytes: int,
-                 ids_on_device: bool = False) -> None:
+                 ids_on_device: bool = False, then=None) -> None:
         """Enqueues one step: the feeds up from `lane`'s host memory (`input_ids` instead copied on the
         device from the last `next_token` where `ids_on_device`), the engine, the cache kept, then
-        `out_bytes` from `out_ptr` down to `host_ptr`; `lane.end` recorded after it. No wait."""
+        `out_bytes` from `out_ptr` down to `host_ptr`; `lane.end` recorded after it. No wait. `then()`,
+        where given, enqueues more work on the step's output before the copy down (the sampler)."""
         seq = self._check(feeds)
         decode = seq == 1 and self.past > 0
         window = self.cache == "window"
@@ -309,6 +325,8 @@ class TensorRTDecoder:
             raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
         if window or self.new_kv:
             self._keep(seq, decode)
+        if then is not None:
+            then()
         cuda.copy_async(host_ptr, out_ptr, out_bytes, "DeviceToHost", stream)
         lane.end.record(stream)
         self._cur, self.past = 1 - self._cur, self.past + seq
@@ -321,10 +339,33 @@ class TensorRTDecoder:
         Needs an int64 `next_token` output (`pipelines`); on a new batch (`reset`)."""
         if not self.pipelines:
             raise UnsupportedError(f"{self.path.name} has no int64 next_token output to feed back")
+        return self._fed_back(input_ids, attention_mask, count, None)
+
+    def sampled_tokens(self, input_ids: np.ndarray, attention_mask: np.ndarray, count: int, sampling,
+                       rng: np.random.Generator) -> Iterator[np.ndarray]:
+        """As `greedy_tokens`, each token drawn by the device sampler (`samples`) with `sampling`'s
+        temperature (> 0) and top_p (no top-k: that is the host's), from runtime/sampling.DRAWS
+        uniform numbers per row per step out of `rng`: the draws, and so the tokens, of host sampling."""
+        from trt_seer.runtime.sampling import draws
+
+        if self.sampler is None:
+            raise UnsupportedError(f"{self.path.name} has no device sampler beside it: sampling runs on the host")
+        if not sampling.temperature > 0 or sampling.top_k:
+            raise UnsupportedError("the device sampler takes a temperature > 0 and top-p, not top-k")
+        settings = self.sampler.settings(self.batch, sampling.temperature, sampling.top_p)
+
+        def sample(lane: int):
+            return lambda: self.sampler.enqueue(lane, self._logits.device_ptr, self._next.device_ptr,
+                                                draws(rng, self.batch), settings)
+        return self._fed_back(input_ids, attention_mask, count, sample)
+
+    def _fed_back(self, input_ids, attention_mask, count: int, sample) -> Iterator[np.ndarray]:
+        """`greedy_tokens`' loop; `sample(lane)`, where given, makes each step's `then` (the sampler)."""
         mask = np.asarray(attention_mask, np.int64)
         feeds = {"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids(mask)}
         nbytes, lanes = self.batch * 8, self._lanes
-        self._enqueue(feeds, lanes[0], self._next.device_ptr, lanes[0].token.ctypes.data, nbytes)
+        then = (lambda lane: None) if sample is None else sample
+        self._enqueue(feeds, lanes[0], self._next.device_ptr, lanes[0].token.ctypes.data, nbytes, then=then(0))
         try:
             for t in range(1, count + 1):
                 if t < count:
@@ -332,7 +373,8 @@ class TensorRTDecoder:
                     feeds = {"input_ids": np.zeros((self.batch, 1), np.int64), "attention_mask": mask,
                              "position_ids": position_ids(mask, 1)}
                     lane = lanes[t % 2]
-                    self._enqueue(feeds, lane, self._next.device_ptr, lane.token.ctypes.data, nbytes, ids_on_device=True)
+                    self._enqueue(feeds, lane, self._next.device_ptr, lane.token.ctypes.data, nbytes,
+                                  ids_on_device=True, then=then(t % 2))
                 done = lanes[(t - 1) % 2]
                 done.end.synchronize()
                 self.last_gpu_ms = done.end.elapsed_ms(done.start)
@@ -461,6 +503,8 @@ class TensorRTDecoder:
         self.closed = True
         self._jit_cache.save()
         self._prefill, self._decode = None, {}  # the contexts go before the memory they use
+        if self.sampler is not None:
+            self.sampler.close()
         stage = None if self._stage is self._scratch else self._stage  # the scratch may be the staging too
         for buf in (*self._buffers(), *self._small.values(), self._logits, self._next, self._scratch, stage):
             if buf is not None:

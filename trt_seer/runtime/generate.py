@@ -36,7 +36,9 @@ class DecoderStep(Protocol):
     # optional: `next_tokens(input_ids, attention_mask, position_ids)` -> (batch,) int64, the greedy
     # next token per row, which greedy generation uses instead of `step` (TensorRTDecoder); and
     # `pipelines` True with `greedy_tokens(input_ids, attention_mask, count)`, greedy decoding that
-    # feeds the tokens back on the device, which greedy generation then uses instead of both
+    # feeds the tokens back on the device, which greedy generation then uses instead of both; and
+    # `samples` True with `sampled_tokens(input_ids, attention_mask, count, sampling, rng)`, the same
+    # for temperature / top-p sampling with a device sampler (the host's draws, runtime/sampling.py)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,9 @@ def generate_ids(step: DecoderStep, prompts: list[list[int]], sampling: Sampling
     step.reset(len(prompts))
     if sampling.temperature == 0 and getattr(step, "pipelines", False):
         yield from _pipelined(step.greedy_tokens(ids, mask, budget), eos, pad_id)
+        return
+    if sampling.temperature > 0 and not sampling.top_k and getattr(step, "samples", False):
+        yield from _pipelined(step.sampled_tokens(ids, mask, budget, sampling, rng), eos, pad_id)
         return
     greedy_ids = getattr(step, "next_tokens", None) if sampling.temperature == 0 else None
 

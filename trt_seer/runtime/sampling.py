@@ -3,98 +3,109 @@
     from trt_seer.runtime.sampling import choose
     tokens = choose(logits, Sampling(temperature=0.8, top_p=0.9, seed=0), rng)   # (batch,) int64
 
-No row's vocabulary is sorted. Sampling draws the token that inverse-CDF sampling over the
-vocabulary sorted likeliest first (ties by lower id) would draw for the same uniform number, so a
-seed gives the tokens a full sort gives, except where float32 rounding moves a boundary between two
-tokens. How, per row, in float32 (masses in float64):
-- without top-k, when the tokens within `NEAR` of the best score are few (`NEAR_MAX`) and hold the
-  mass needed (top-p, or the drawn quantile), only those are sorted: the usual case for a trained LM.
-- else each token's distance below the row's best score goes into one of `BINS` equal
-  bins over the row's range of scores (at most `SPAN` wide; bin order is sorted order). One weighted
-  `bincount` gives each bin's mass; the bin where the cumulative mass crosses top-p (then the drawn
-  quantile) is the only one sorted: about vocab / BINS tokens, even for a nearly flat distribution.
-- with top-k: `np.argpartition` keeps the k likeliest, and only those are sorted.
+Each sampled step draws `DRAWS` uniform numbers per row from `rng`, whatever happens next, so a seed
+gives the same tokens on every path. No row's vocabulary is sorted. Temperature and top-p, per row:
+- candidate j is the token where the running probability over the vocabulary, in id order, first
+  exceeds u_j (inverse-CDF sampling, no sort);
+- the first candidate inside the nucleus (the likeliest tokens holding top_p of the mass: a token
+  is in it when the tokens likelier than it hold less than top_p) is the token;
+- when none of the `DRAWS` is (probability at most (1 - top_p) ** DRAWS), the token is drawn by the
+  same inverse CDF over the nucleus alone, at u_0.
+That is exact top-p sampling (rejection: each candidate is a draw from the whole distribution, kept
+when it falls in the nucleus), at the cost of a few passes over the vocabulary: the weights, their
+block sums, and one comparison per candidate. The device sampler (export/sampler.py) draws the same
+token for the same numbers, up to float32 rounding. With top-k, `np.argpartition` keeps the k
+likeliest, and only those are sorted (inverse CDF over them, likeliest first, at u_0).
 """
 from __future__ import annotations
 
 import numpy as np
 
-BINS, SPAN = 512, 32.0  # scores more than SPAN below the best share the last bin (mass < 1e-13)
-NEAR = np.float32(8.0)  # the first candidates: scores within NEAR of the best (probability ratio > 3e-4)
-NEAR_MAX = 2048  # ... when there are at most this many (else the bins)
+DRAWS = 8  # uniform numbers per row per step: the candidates before the exact fallback
+BLOCK = 1024  # tokens per block of the inverse CDF: a search over block sums, then inside one block
 
 
 def choose(logits: np.ndarray, sampling, rng: np.random.Generator) -> np.ndarray:
     """Next token per row (batch,) int64 from logits (batch, vocab); `sampling` has temperature,
-    top_k and top_p (runtime.generate.Sampling). One uniform draw per row from `rng` when sampling."""
+    top_k and top_p (runtime.generate.Sampling). `DRAWS` uniform numbers per row from `rng` when sampling."""
     if sampling.temperature == 0:
         return np.argmax(logits, axis=-1).astype(np.int64)
     logits = np.asarray(logits, dtype=np.float32)  # (batch, vocab)
-    u = rng.random(len(logits))  # drawn first: the same numbers whatever path the rows take
+    u = draws(rng, len(logits))
     inverse = np.float32(1 / sampling.temperature)
     if 0 < sampling.top_k < logits.shape[-1]:
-        return _top_k(logits * inverse, sampling.top_k, sampling.top_p, u)
-    # distance below the row's best score (>= 0); in place: each pass over the vocabulary counts
-    below = np.subtract(logits.max(axis=-1, keepdims=True), logits)
-    below *= inverse
-    probs = np.negative(below)
-    np.exp(probs, out=probs)  # unnormalized
-    total = probs.sum(axis=-1, dtype=np.float64)  # (batch,)
-    near = below < NEAR  # (batch, vocab): a prefix of each row's sorted order
-    few = np.count_nonzero(near, axis=-1) <= NEAR_MAX
-    out = np.empty(len(logits), np.int64)
-    binned = []
-    for r in range(len(logits)):
-        token = _draw_near(np.flatnonzero(near[r]), below[r], probs[r], total[r], sampling.top_p, u[r]) \
-            if few[r] else None
-        if token is None:
-            binned.append(r)
-        else:
-            out[r] = token
-    if binned:  # rows whose head is wide: bins over each row's range of scores
-        span = np.clip(below[binned].max(axis=-1, keepdims=True), np.float32(1e-6), np.float32(SPAN))
-        bins = np.multiply(below[binned], np.float32(BINS) / span)
-        np.minimum(bins, np.float32(BINS - 1), out=bins)
-        bins = bins.astype(np.int32)  # int32 converts several times faster than int64
-        for i, r in enumerate(binned):
-            out[r] = _draw_binned(below[r], bins[i], probs[r], sampling.top_p, u[r])
+        return _top_k(logits * inverse, sampling.top_k, sampling.top_p, u[:, 0])
+    return nucleus_draw(logits, inverse, sampling.top_p, u)
+
+
+def draws(rng: np.random.Generator, batch: int) -> np.ndarray:
+    """One step's uniform numbers (batch, DRAWS) float32 in [0, 1)."""
+    return rng.random((batch, DRAWS), dtype=np.float32)
+
+
+def nucleus_draw(logits: np.ndarray, inverse: np.float32, top_p: float, u: np.ndarray) -> np.ndarray:
+    """The module docstring's draw: (batch,) int64 from logits (batch, vocab) float32 and u (batch, DRAWS)."""
+    batch, vocab = logits.shape
+    e, cum = _weights(logits, inverse)  # (batch, blocks * BLOCK) float32, (batch, blocks) float64
+    total = cum[:, -1]
+    out = np.empty(batch, np.int64)
+    rows = np.arange(batch)
+    for j in range(u.shape[1]):
+        token = _invert(e, cum, rows, u[rows, j] * total[rows], vocab)
+        if top_p >= 1:
+            out[rows] = token
+            return out
+        inside = _likelier_mass(e, rows, token) < top_p * total[rows]
+        out[rows[inside]] = token[inside]
+        rows = rows[~inside]
+        if not len(rows):
+            return out
+    for r in rows:  # rare: every candidate fell outside the nucleus
+        out[r] = _nucleus_only(e[r, :vocab], top_p, u[r, 0])
     return out
 
 
-def _draw_near(ids, below, probs, total: float, top_p: float, u: float) -> int | None:
-    """The token among `ids` (the tokens nearest the best, ascending), or None when they do not hold
-    the mass the draw needs. Kept mass: all, or the smallest head reaching top_p; then the token where
-    the running mass first exceeds u times it."""
-    need = top_p * total if top_p < 1 else u * total
-    mass = probs[ids].sum(dtype=np.float64)
-    if not (mass > need or (top_p < 1 and mass >= need)):
-        return None
-    ids = ids[np.argsort(below[ids], kind="stable")]  # ids ascending already: ties by lower id
-    cum = np.cumsum(probs[ids], dtype=np.float64)
-    kept = total if top_p == 1 else cum[min(int((cum < need).sum()), len(cum) - 1)]
-    return int(ids[min(int((cum <= u * kept).sum()), len(ids) - 1)])
+def _weights(logits: np.ndarray, inverse: np.float32):
+    """exp((logit - max) / T), zero-padded to whole blocks, and the running sum of the block sums."""
+    batch, vocab = logits.shape
+    blocks = -(-vocab // BLOCK)
+    e = np.zeros((batch, blocks * BLOCK), np.float32)
+    z = e[:, :vocab]
+    np.subtract(logits, logits.max(axis=-1, keepdims=True), out=z)
+    z *= inverse * np.float32(np.log2(np.e))
+    np.exp2(z, out=z)  # numpy's float32 exp2 is vectorized where its exp may not be (2x on AVX2)
+    sums = e.reshape(batch * blocks, BLOCK) @ np.ones(BLOCK, np.float32)  # a matrix-vector product: fast
+    return e, np.cumsum(sums.reshape(batch, blocks), axis=-1, dtype=np.float64)
 
 
-def _draw_binned(below, bins, probs, top_p: float, u: float) -> int:
-    """As `_draw_near`, over the bins: only the bin where the running mass crosses is sorted."""
-    cum = np.cumsum(np.bincount(bins, probs, BINS))  # (BINS,) float64, likeliest bins first
-    kept = cum[-1]
-    if top_p < 1:  # the head ends at the first token whose running mass reaches top_p
-        ids, before, inside = _crossing(below, bins, probs, cum, top_p * cum[-1], strict=False)
-        kept = before + inside[min(int((inside < top_p * cum[-1] - before).sum()), len(inside) - 1)]
-    ids, before, inside = _crossing(below, bins, probs, cum, u * kept, strict=True)
-    return int(ids[min(int((before + inside <= u * kept).sum()), len(ids) - 1)])
+def _invert(e: np.ndarray, cum: np.ndarray, rows: np.ndarray, target: np.ndarray, vocab: int) -> np.ndarray:
+    """Per row of `rows`, the first token whose running weight (id order) exceeds `target`."""
+    blocks = cum.shape[1]
+    b = np.minimum((cum[rows] <= target[:, None]).sum(axis=-1), blocks - 1)
+    base = np.where(b > 0, cum[rows, np.maximum(b - 1, 0)], 0.0)
+    inside = np.cumsum(e.reshape(len(e), blocks, BLOCK)[rows, b], axis=-1, dtype=np.float64)
+    i = np.minimum((inside <= (target - base)[:, None]).sum(axis=-1), BLOCK - 1)
+    return np.minimum(b * BLOCK + i, vocab - 1)
 
 
-def _crossing(below, bins, probs, cum, target: float, strict: bool):
-    """The bin where the cumulative mass crosses `target` (first > target if strict, else >=): its
-    ids in sorted order, the mass of the bins before it and the running mass inside it."""
-    b = min(int(np.searchsorted(cum, target, side="right" if strict else "left")), len(cum) - 1)
-    while not cum[b] - (cum[b - 1] if b else 0.0) and b:  # an empty bin: the crossing is in the last full one
-        b -= 1
-    ids = np.flatnonzero(bins == b)
-    ids = ids[np.argsort(below[ids], kind="stable")]  # ids ascending already: ties by lower id
-    return ids, (cum[b - 1] if b else 0.0), np.cumsum(probs[ids], dtype=np.float64)
+def _likelier_mass(e: np.ndarray, rows: np.ndarray, token: np.ndarray) -> np.ndarray:
+    """Per row, the weight of the tokens strictly likelier than `token` (one comparison pass)."""
+    sub = e if len(rows) == len(e) else e[rows]
+    at = sub[np.arange(len(rows)), token][:, None]
+    above = np.empty(sub.shape, np.float32)
+    np.greater(sub, at, out=above, casting="unsafe")  # 1.0 where likelier: the mass is then a dot product
+    return np.array([np.dot(sub[i], above[i]) for i in range(len(rows))], np.float64)
+
+
+def _nucleus_only(e: np.ndarray, top_p: float, u: float) -> int:
+    """Inverse CDF in id order over the nucleus of one row's weights `e` (sorted once)."""
+    values = np.sort(e)[::-1]
+    before = np.cumsum(values, dtype=np.float64) - values  # weight of the tokens before, in sorted order
+    first = np.searchsorted(-values, -values, side="left")  # a tie's first place: weight strictly likelier
+    cut = values[before[first] < top_p * values.sum(dtype=np.float64)].min()
+    kept = np.where(e >= cut, e, np.float32(0))
+    cum = np.cumsum(kept, dtype=np.float64)
+    return int(min(int((cum <= u * cum[-1]).sum()), len(e) - 1))
 
 
 def _top_k(scores: np.ndarray, k: int, top_p: float, u: np.ndarray) -> np.ndarray:
