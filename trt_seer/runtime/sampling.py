@@ -19,10 +19,22 @@ likeliest, and only those are sorted (inverse CDF over them, likeliest first, at
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 DRAWS = 8  # uniform numbers per row per step: the candidates before the exact fallback
 BLOCK = 1024  # tokens per block of the inverse CDF: a search over block sums, then inside one block
+_scratch = threading.local()  # per thread: the last shape's work arrays (a new 1 MB array per step faults its pages in)
+
+
+def _buffer(name: str, shape: tuple, dtype=np.float32) -> np.ndarray:
+    """A work array of this thread, reused while the shape stays (contents undefined)."""
+    buf = getattr(_scratch, name, None)
+    if buf is None or buf.shape != shape:
+        buf = np.empty(shape, dtype)
+        setattr(_scratch, name, buf)
+    return buf
 
 
 def choose(logits: np.ndarray, sampling, rng: np.random.Generator) -> np.ndarray:
@@ -69,7 +81,8 @@ def _weights(logits: np.ndarray, inverse: np.float32):
     """exp((logit - max) / T), zero-padded to whole blocks, and the running sum of the block sums."""
     batch, vocab = logits.shape
     blocks = -(-vocab // BLOCK)
-    e = np.zeros((batch, blocks * BLOCK), np.float32)
+    e = _buffer("weights", (batch, blocks * BLOCK))
+    e[:, vocab:] = 0
     z = e[:, :vocab]
     np.subtract(logits, logits.max(axis=-1, keepdims=True), out=z)
     z *= inverse * np.float32(np.log2(np.e))
@@ -92,7 +105,7 @@ def _likelier_mass(e: np.ndarray, rows: np.ndarray, token: np.ndarray) -> np.nda
     """Per row, the weight of the tokens strictly likelier than `token` (one comparison pass)."""
     sub = e if len(rows) == len(e) else e[rows]
     at = sub[np.arange(len(rows)), token][:, None]
-    above = np.empty(sub.shape, np.float32)
+    above = _buffer("above", sub.shape)
     np.greater(sub, at, out=above, casting="unsafe")  # 1.0 where likelier: the mass is then a dot product
     return np.array([np.dot(sub[i], above[i]) for i in range(len(rows))], np.float64)
 
