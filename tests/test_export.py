@@ -339,3 +339,47 @@ def test_decoder_record_says_whether_attention_slides(tiny_checkpoint, tmp_path,
     info = resolve_model(tiny_checkpoint(model_type, "causal-lm", **overrides))
     section = decoder.decoder_section(info, tmp_path / f"{model_type}.fp16.onnx")
     assert "sliding_window" in section and section["sliding_window"] == window
+
+
+@pytest.mark.parametrize("batch, heads, kv_heads, seq, total", [(2, 8, 2, 1, 257), (3, 4, 4, 7, 7), (1, 8, 1, 1, 300)])
+def test_chunked_attention_is_eager_attention(batch, heads, kv_heads, seq, total):
+    """export/attention.py against transformers' eager attention, grouped heads and a padded row
+    included, at cache lengths that do and do not split evenly into its chunks."""
+    import types
+
+    import torch
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    from trt_seer.export.attention import attention
+
+    gen = torch.Generator().manual_seed(batch + total)
+    q = torch.randn(batch, heads, seq, 32, generator=gen)
+    k, v = (torch.randn(batch, kv_heads, total, 32, generator=gen) for _ in range(2))
+    mask = torch.zeros(batch, 1, seq, total)
+    mask[-1, ..., : total // 3] = torch.finfo(torch.float32).min
+    module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, training=False)
+    want, _ = eager_attention_forward(module, q, k, v, mask, scaling=32 ** -0.5)
+    got, _ = attention(module, q, k, v, mask, scaling=32 ** -0.5)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+
+
+def test_chunked_attention_export_verifies_and_gives_eagers_logits(tiny_checkpoint, tmp_path):
+    """--attention chunked: the graph verifies against PyTorch like the eager one, its record says
+    so, and ONNX Runtime's logits equal the eager graph's on the same feeds."""
+    import json
+    from dataclasses import replace
+
+    from trt_seer.export import decoder
+    from trt_seer.runtime.ort import create_session
+
+    info = resolve_model(tiny_checkpoint("llama", "causal-lm"))
+    shape = decoder.decoder_shape(info.config)
+    graphs = {}
+    for form in ("eager", "chunked"):
+        graphs[form] = tmp_path / f"{form}.fp32.onnx"
+        decoder.onnx_from_decoder(replace(info, attention=form), graphs[form])
+    assert decoder.decoder_section(replace(info, attention="chunked"), graphs["chunked"])["attention"] == "chunked"
+    feeds = decoder.sample_feeds(shape, 3, 1, 37, seed=4)  # a decode step over a cache of 37 positions
+    eager, chunked = (create_session(graphs[f]).run(["logits"], feeds)[0] for f in ("eager", "chunked"))
+    assert np.allclose(eager, chunked, atol=1e-4), float(np.abs(eager - chunked).max())
+    assert json.loads(json.dumps(replace(info, attention="chunked").to_dict()))["attention"] == "chunked"

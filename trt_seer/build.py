@@ -40,6 +40,7 @@ class BuildRequest:
     force: bool = False
     keep_intermediates: bool = False
     dry_run: bool = False
+    attention: str = "eager"  # causal LMs: "eager" or "chunked" (export/attention.py)
 
     def chosen(self) -> list[str]:
         """FP16 when none is given; INT8/INT4 bring their FP16 engine along, the baseline they are
@@ -77,7 +78,7 @@ def build(request: BuildRequest) -> BuildResult:
     from trt_seer.export.families import check_profile, resolve_model
     from trt_seer.files import check_out_dir, ensure_out_dir
 
-    info = resolve_model(request.model, request.task)
+    info = replace(resolve_model(request.model, request.task), attention=request.attention)
     check_out_dir(request.out)
     chosen = request.chosen()
     check_profile(info, request.spec.profile)
@@ -107,6 +108,8 @@ def _check_request(info, request: BuildRequest, chosen: list[str]) -> None:
     trt.check_targets(flavor, request.spec.compute_caps)
     trt.target_description(flavor, request.spec.hardware_compat, request.spec.compute_caps)
     quant = request.quant_spec()
+    if request.attention != "eager" and info.task != "causal-lm":
+        raise UnsupportedError(f"--attention {request.attention} is for causal LMs; {info.name} is {info.task}")
     if "int4" in chosen and info.task != "causal-lm":
         raise UnsupportedError(f"--int4 is weight-only quantization for decoding; {info.name} is {info.task}, "
                                "use --int8")
@@ -179,7 +182,8 @@ def request_key(request: BuildRequest, precision: str, source: dict) -> str:
                         "spec": request.engine_spec(precision).settings(), "quant": quant,
                         "tensorrt": flavor.describe(), "targets": trt.target_description(
                             flavor, request.spec.hardware_compat, request.spec.compute_caps),
-                        "qat": _qat_sha(source), "trt_seer": __version__})
+                        "qat": _qat_sha(source), "trt_seer": __version__,
+                        **({"attention": request.attention} if request.attention != "eager" else {})})
 
 
 def _qat_sha(source: dict) -> str | None:

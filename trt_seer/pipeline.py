@@ -23,7 +23,7 @@ def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
     known = manifest.read_if_exists(manifest.record_path(dest)) or {}
     source = checkpoint_fingerprint(info.path, known.get("source"))
     key = sha256_json({"source": source_identity(source), "task": info.task, "opset": OPSET, "trt_seer": __version__,
-                       "kv_cache": is_decoder(info), **({"outputs": "next_token"} if is_decoder(info) else {})})
+                       "kv_cache": is_decoder(info), **(decoder_form(info) if is_decoder(info) else {})})
     record = None if force else up_to_date(dest, manifest.record_path(dest), key)
     if record:
         log.info("fp32 ONNX up to date: %s", dest)
@@ -41,6 +41,13 @@ def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
 
         record["decoder"] = decoder_section(info, dest)
     return write_record(dest, record)
+
+
+def decoder_form(info: ModelInfo) -> dict:
+    """What a decoder graph's cache key says about its form (eager attention keeps earlier keys)."""
+    from trt_seer.export.attention import CHUNKS
+
+    return {"outputs": "next_token", **({"attention": f"chunked-{CHUNKS}"} if info.attention == "chunked" else {})}
 
 
 def is_decoder(info: ModelInfo) -> bool:
@@ -176,7 +183,7 @@ def fp16_decoder_key(info: ModelInfo, source: dict) -> str:
     from trt_seer.export.checkpoint import OPSET
 
     return sha256_json({"source": source_identity(source), "task": info.task, "opset": OPSET, "trt_seer": __version__,
-                        "kv_cache": True, "export": "float16", "outputs": "next_token"})
+                        "kv_cache": True, "export": "float16", **decoder_form(info)})
 
 
 def fp16_decoder_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:

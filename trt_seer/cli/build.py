@@ -57,6 +57,9 @@ def add_parser(subparsers, common):
                    help="input channels per INT4 scale (default 128)")
     d.add_argument("--no-awq", action="store_true", help="INT4 by plain round-to-nearest, without AWQ scales")
     d.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too (default: FP16)")
+    p.add_argument("--attention", choices=("eager", "chunked"), default="eager",
+                   help="causal LMs: export attention as it is (eager, default) or cut the cache into 16 chunks "
+                        "(chunked: faster decode at long contexts, slower prompts; docs/DESIGN.md)")
     common.add_output_args(p)
     p.add_argument("--force", action="store_true", help="rebuild every stage even when up to date")
     p.add_argument("--dry-run", action="store_true",
@@ -93,7 +96,7 @@ def request_from_args(args):
     return BuildRequest(model=args.model, task=args.task, out=Path(args.out),
                         precisions=tuple(p for p in ORDER if getattr(args, p, False)),
                         spec=build_spec(args, "fp16"), quant=QuantStageSpec.from_args(args), force=args.force,
-                        keep_intermediates=args.keep_intermediates, dry_run=args.dry_run)
+                        keep_intermediates=args.keep_intermediates, dry_run=args.dry_run, attention=args.attention)
 
 
 def run(args) -> int:

@@ -54,13 +54,20 @@ def decoder_shape(config: dict) -> DecoderShape:
 
 
 def load_decoder(info: ModelInfo, dtype: str = "float32"):
-    """The checkpoint as an eval-mode causal LM of `dtype` with eager attention (plain
-    MatMul/Softmax in the graph; fully padded rows stay finite)."""
+    """The checkpoint as an eval-mode causal LM of `dtype` with eager attention (plain MatMul/Softmax
+    in the graph; fully padded rows stay finite), or export/attention.py's chunked form of it when
+    `info.attention` is "chunked"."""
     import torch
     import transformers
 
+    from trt_seer.export import attention
+
+    name = "eager"
+    if info.attention == "chunked":
+        attention.register()
+        name = attention.NAME
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(info.path), dtype=getattr(torch, dtype), attn_implementation="eager", low_cpu_mem_usage=True)
+        str(info.path), dtype=getattr(torch, dtype), attn_implementation=name, low_cpu_mem_usage=True)
     return model.eval()
 
 
@@ -375,7 +382,7 @@ def decoder_section(info: ModelInfo, artifact: Path, kv_dtype: str = "float32", 
     return {"num_layers": shape.num_layers, "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
             "kv_dtype": kv_dtype, "vocab_size": shape.vocab_size, "eos_token_id": eos, "pad_token_id": pad,
             "max_batch": max_batch, "max_prompt": max_total - 1, "max_total": max_total,
-            "sliding_window": sliding_window(info.config),
+            "sliding_window": sliding_window(info.config), "attention": info.attention,
             "tokenizer": tok_dir.name if has_tokenizer else None}
 
 

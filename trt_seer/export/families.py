@@ -94,6 +94,7 @@ class ModelInfo:
     family: FamilySpec
     task: str
     config: dict
+    attention: str = "eager"  # causal LMs: the attention form the export writes (export/attention.py)
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -107,13 +108,14 @@ class ModelInfo:
         """JSON for a child process, which rebuilds this without resolving the checkpoint again."""
         return {"path": str(self.path), "name": self.name, "model_type": self.model_type, "task": self.task,
                 "config": self.config, "family": {"kind": self.family.kind, "inputs": list(self.family.inputs),
-                                                  "tasks": list(self.family.tasks)}}
+                                                  "tasks": list(self.family.tasks)}, "attention": self.attention}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelInfo":
         f = d["family"]
         return cls(Path(d["path"]), d["name"], d["model_type"], FamilySpec(f["kind"], tuple(f["inputs"]),
-                                                                           tuple(f["tasks"])), d["task"], d["config"])
+                                                                           tuple(f["tasks"])), d["task"], d["config"],
+                   d.get("attention", "eager"))
 
 
 # Families whose positions start after the pad id (RoBERTa's layout): fewer usable positions.

@@ -30,6 +30,10 @@ engine/kv_outputs.py) rather than `present`: the window layout then holds the ca
 window buffer, the engine's `present` buffer gone: at 7B with one 4,096-token sequence, 2 GiB) and
 moves within it go through the shared scratch block between steps (kv_window.keep_new). Engines
 with `present` outputs (built before) run as they did.
+
+Greedy decoding and sampling feed each step's token back on the device (runtime/fed_back.py):
+the engine's `next_token`, or the draw of the device sampler the build writes beside the engine
+(runtime/sampler_trt.py); without a sampler, sampling brings the logits back to the host.
 """
 from __future__ import annotations
 
@@ -38,10 +42,11 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, is_past, new_of, position_ids, present_of
+from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, is_past, new_of, present_of
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
+from trt_seer.runtime.fed_back import Lane, device_draws, fed_back
 from trt_seer.runtime.kv_window import (ALIGNS, append_copy, default_align, grow_copies, keep_new, land_copy,
                                         pick_window, resolve_windows, slide_copy, window_mask)
 from trt_seer.runtime.loader import EngineOptions, load_engine
@@ -53,25 +58,6 @@ CACHES = ("window", "grow")
 
 def _nbytes(shape, dtype) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
-class _Lane:
-    """Page-locked host memory for one step in flight: the small inputs on their way up, the token on
-    its way down, and the step's start and end events. `_run` uses one; `greedy_tokens` two in turn,
-    so that the host fills one while the GPU may still read the other."""
-
-    def __init__(self, small: dict, batch: int):
-        self._small = {name: cuda.pinned_array(buf.nbytes).view(np.int64) for name, buf in small.items()}
-        self.token = cuda.pinned_array(batch * 8).view(np.int64)
-        self.start, self.end = cuda.Event(), cuda.Event()
-
-    def host(self, name: str) -> np.ndarray:
-        return self._small[name]
-
-    def close(self) -> None:
-        self._small = self.token = None  # the pinned memory goes now (no view of it was handed out)
-        self.start.close()
-        self.end.close()
 
 
 class TensorRTDecoder:
@@ -217,8 +203,8 @@ class TensorRTDecoder:
             kv_bytes = _nbytes((b, self.kv_heads, t, self.head_dim), self.kv_dtype)
             self._kv = [[cuda.DeviceBuffer(kv_bytes) for _ in self.past_names] for _ in range(2)]
         self._small = {n: cuda.DeviceBuffer(_nbytes((b, t), np.int64)) for n in SMALL_INPUTS}
-        self._lane = _Lane(self._small, b)
-        self._lanes = (self._lane, _Lane(self._small, b))  # greedy_tokens: two steps in flight
+        self._lane = Lane(self._small, b)
+        self._lanes = (self._lane, Lane(self._small, b))  # fed_back: two steps in flight
         self._logits = cuda.HostDeviceBuffer(_nbytes((b, 1, self.vocab), self.logits_dtype))
         self._next = None if self.next_dtype is None else cuda.HostDeviceBuffer(_nbytes((b, 1), self.next_dtype))
         self._cur = 0
@@ -290,7 +276,7 @@ class TensorRTDecoder:
         self.stream.synchronize()
         self.last_gpu_ms = self._lane.end.elapsed_ms(self._lane.start)
 
-    def _enqueue(self, feeds: dict, lane: "_Lane", out_ptr: int, host_ptr: int, out_bytes: int,
+    def _enqueue(self, feeds: dict, lane: Lane, out_ptr: int, host_ptr: int, out_bytes: int,
                  ids_on_device: bool = False, then=None) -> None:
         """Enqueues one step: the feeds up from `lane`'s host memory (`input_ids` instead copied on the
         device from the last `next_token` where `ids_on_device`), the engine, the cache kept, then
@@ -333,54 +319,22 @@ class TensorRTDecoder:
 
     def greedy_tokens(self, input_ids: np.ndarray, attention_mask: np.ndarray, count: int) -> Iterator[np.ndarray]:
         """Greedy decoding with each step's `next_token` fed back on the device: yields `count` token
-        arrays (batch,) int64, the prompt's first, each while the following step already runs (so the
-        host's work per step hides behind the GPU's). Every row takes a step each time (a caller
-        ignores a row after its end); each step's mask and positions are the last ones grown by one.
-        Needs an int64 `next_token` output (`pipelines`); on a new batch (`reset`)."""
+        arrays (batch,) int64, the prompt's first, each while the following step already runs
+        (runtime/fed_back.py). Needs an int64 `next_token` output (`pipelines`); on a new batch (`reset`)."""
         if not self.pipelines:
             raise UnsupportedError(f"{self.path.name} has no int64 next_token output to feed back")
-        return self._fed_back(input_ids, attention_mask, count, None)
+        return fed_back(self, input_ids, attention_mask, count)
 
     def sampled_tokens(self, input_ids: np.ndarray, attention_mask: np.ndarray, count: int, sampling,
                        rng: np.random.Generator) -> Iterator[np.ndarray]:
         """As `greedy_tokens`, each token drawn by the device sampler (`samples`) with `sampling`'s
         temperature (> 0) and top_p (no top-k: that is the host's), from runtime/sampling.DRAWS
         uniform numbers per row per step out of `rng`: the draws, and so the tokens, of host sampling."""
-        from trt_seer.runtime.sampling import draws
-
         if self.sampler is None:
             raise UnsupportedError(f"{self.path.name} has no device sampler beside it: sampling runs on the host")
         if not sampling.temperature > 0 or sampling.top_k:
             raise UnsupportedError("the device sampler takes a temperature > 0 and top-p, not top-k")
-        settings = self.sampler.settings(self.batch, sampling.temperature, sampling.top_p)
-
-        def sample(lane: int):
-            return lambda: self.sampler.enqueue(lane, self._logits.device_ptr, self._next.device_ptr,
-                                                draws(rng, self.batch), settings)
-        return self._fed_back(input_ids, attention_mask, count, sample)
-
-    def _fed_back(self, input_ids, attention_mask, count: int, sample) -> Iterator[np.ndarray]:
-        """`greedy_tokens`' loop; `sample(lane)`, where given, makes each step's `then` (the sampler)."""
-        mask = np.asarray(attention_mask, np.int64)
-        feeds = {"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids(mask)}
-        nbytes, lanes = self.batch * 8, self._lanes
-        then = (lambda lane: None) if sample is None else sample
-        self._enqueue(feeds, lanes[0], self._next.device_ptr, lanes[0].token.ctypes.data, nbytes, then=then(0))
-        try:
-            for t in range(1, count + 1):
-                if t < count:
-                    mask = np.concatenate([mask, np.ones((self.batch, 1), np.int64)], axis=1)
-                    feeds = {"input_ids": np.zeros((self.batch, 1), np.int64), "attention_mask": mask,
-                             "position_ids": position_ids(mask, 1)}
-                    lane = lanes[t % 2]
-                    self._enqueue(feeds, lane, self._next.device_ptr, lane.token.ctypes.data, nbytes,
-                                  ids_on_device=True, then=then(t % 2))
-                done = lanes[(t - 1) % 2]
-                done.end.synchronize()
-                self.last_gpu_ms = done.end.elapsed_ms(done.start)
-                yield done.token[:self.batch].copy()
-        finally:
-            self.stream.synchronize()  # a caller that stops early leaves no step in flight
+        return fed_back(self, input_ids, attention_mask, count, device_draws(self, sampling, rng))
 
     def _bind_cache(self, ctx, seq: int, decode: bool) -> None:
         """Shapes and addresses of the cache inputs and outputs for this step."""
