@@ -404,3 +404,11 @@ def test_awq_statistics_on_the_cpu_take_as_many_batches_as_the_time_bound_allows
     assert kept == batches[:2]
     assert "AWQ statistics on the CPU: 2 of 10 calibration batches (256 tokens)" in caplog.text
     assert decoder_stage.cpu_bounded(batches, 10**13) == batches[:1]  # never none
+
+
+def test_chunked_attention_needs_a_causal_lm(tmp_path):
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "bert")
+    r = build("--model", str(ckpt), "--fp16", "--attention", "chunked", *PROFILE, "--out", str(tmp_path / "out"),
+              expect=2)
+    assert "--attention chunked is for causal LMs" in r.stderr and not (tmp_path / "out").exists()
+    assert "Traceback" not in r.stderr
