@@ -48,6 +48,27 @@ def new_of(past_name: str) -> str:
     return NEW_PREFIX + past_name.removeprefix(PAST_PREFIX)
 
 
+def check_step(input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, batch: int, past: int,
+               max_total: int, model: str) -> int:
+    """What every decoder step checks before it runs (InputError, nothing run): a batch was started,
+    the feeds fit it and the cache, and the sequence fits `max_total`. Returns the step's length."""
+    from trt_seer.errors import InputError
+
+    if not batch:
+        raise InputError("call reset(batch) before step()")
+    rows, seq = input_ids.shape
+    if rows != batch or position_ids.shape != (rows, seq):
+        raise InputError(f"step got input_ids {list(input_ids.shape)} and position_ids {list(position_ids.shape)} "
+                         f"for a batch of {batch}")
+    if attention_mask.shape != (rows, past + seq):
+        raise InputError(f"attention_mask must be [{rows}, {past + seq}] (cache {past} + {seq} new), got "
+                         f"{list(attention_mask.shape)}")
+    if past + seq > max_total:
+        raise InputError(f"sequence of {past + seq} tokens exceeds the {max_total} that {model} takes; "
+                         "rebuild with a larger --max-total")
+    return seq
+
+
 def position_ids(mask: np.ndarray, seq: int | None = None) -> np.ndarray:
     """Positions of the last `seq` tokens (all for None), counting real tokens only: left padding
     does not shift them. (batch, seq) int64."""

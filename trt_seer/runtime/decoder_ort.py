@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.decoder_io import PAST_PREFIX, PRESENT_PREFIX, TOKEN_INPUTS
+from trt_seer.decoder_io import PAST_PREFIX, PRESENT_PREFIX, TOKEN_INPUTS, check_step
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, UnsupportedError
 from trt_seer.runtime.ort import OrtOptions, create_session
@@ -62,7 +62,7 @@ class OrtDecoderStep:
         self.max_total = int(self.decoder["max_total"])
         self.kv_dtype = np.dtype(self.decoder.get("kv_dtype", "float32"))
         self.past: list = []
-        self.past_len = 0
+        self.past_len = self.batch = 0
 
     def reset(self, batch: int) -> None:
         """An empty cache (past_seq = 0) for `batch` rows."""
@@ -71,18 +71,12 @@ class OrtDecoderStep:
         d = self.decoder
         empty = np.zeros((batch, d["num_kv_heads"], 0, d["head_dim"]), dtype=self.kv_dtype)
         self.past = [OrtValue.ortvalue_from_numpy(empty) for _ in self.past_names]
-        self.past_len = 0
+        self.past_len, self.batch = 0, int(batch)
 
     def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
         """Logits [batch, vocab] float32 of the last position; the new keys/values join the cache."""
-        if not self.past:
-            raise InputError("call reset(batch) before step()")
-        total = self.past_len + input_ids.shape[1]
-        if total > self.max_total:
-            raise InputError(f"{total} tokens exceed the {self.max_total} that {self.path.name} takes")
-        if attention_mask.shape[1] != total:
-            raise InputError(f"attention_mask covers {attention_mask.shape[1]} tokens; the cache holds "
-                             f"{self.past_len} and the step adds {input_ids.shape[1]}")
+        total = self.past_len + check_step(input_ids, attention_mask, position_ids, self.batch, self.past_len,
+                                           self.max_total, self.path.name)
         binding = self.session.io_binding()
         for name, value in zip(TOKEN_INPUTS, (input_ids, attention_mask, position_ids)):
             binding.bind_cpu_input(name, np.ascontiguousarray(value, dtype=np.int64))
@@ -97,7 +91,7 @@ class OrtDecoderStep:
         return outputs["logits"].numpy()[:, -1].astype(np.float32, copy=False)  # (batch, vocab)
 
     def close(self) -> None:
-        self.session, self.past = None, []
+        self.session, self.past, self.batch = None, [], 0
 
     def __enter__(self):
         return self

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, is_past, new_of, present_of
+from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, check_step, is_past, new_of, present_of
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
@@ -426,21 +426,11 @@ class TensorRTDecoder:
         ctx.set_tensor_address(name, address)
 
     def _check(self, feeds: dict) -> int:
-        if not self.batch:
-            raise InputError("call reset(batch) before step()")
-        batch, seq = feeds["input_ids"].shape
-        if batch != self.batch or feeds["position_ids"].shape != (batch, seq):
-            raise InputError(f"step got input_ids {list(feeds['input_ids'].shape)} and position_ids "
-                             f"{list(feeds['position_ids'].shape)} for a batch of {self.batch}")
-        if feeds["attention_mask"].shape != (batch, self.past + seq):
-            raise InputError(f"attention_mask must be [{batch}, {self.past + seq}] (cache {self.past} + "
-                             f"{seq} new), got {list(feeds['attention_mask'].shape)}")
+        seq = check_step(feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"], self.batch, self.past,
+                         self.max_total, self.path.name)
         if self.past == 0 and seq > self.max_prompt:
             raise InputError(f"prompt of {seq} tokens exceeds the engine's longest prompt ({self.max_prompt}); "
                              "rebuild with a larger --seq max")
-        if self.past + seq > self.max_total:
-            raise InputError(f"sequence of {self.past + seq} tokens exceeds the engine's max total "
-                             f"({self.max_total}); rebuild with a larger --max-total")
         if self.cache == "window" and self.past == 0 and seq > self.windows[-1]:
             raise InputError(f"prompt of {seq} tokens leaves no room to generate in the engine's max total "
                              f"({self.max_total}); rebuild with a larger --max-total")
