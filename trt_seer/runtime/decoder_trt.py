@@ -49,7 +49,7 @@ import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.fed_back import Lane, device_draws, fed_back
 from trt_seer.runtime.kv_window import (ALIGNS, append_copy, default_align, grow_copies, keep_new, land_copy,
                                         pick_window, resolve_windows, slide_copy, window_mask)
-from trt_seer.runtime.loader import EngineOptions, load_engine
+from trt_seer.runtime.loader import EngineOptions, load_engine, runtime_config
 
 SMALL_INPUTS = TOKEN_INPUTS
 SPECIALIZE = ("none", "lazy", "eager")
@@ -154,13 +154,9 @@ class TensorRTDecoder:
         return self.sampler is not None
 
     def _context(self, profile: int, decode: bool):
-        config = self.engine.create_runtime_config() if hasattr(self.engine, "create_runtime_config") else None
-        if config is not None:  # the JIT kernels of every context, from and to one file
-            self._jit_cache.attach(config)
         graphs = self.options.use_cuda_graph if self.options.use_cuda_graph is not None else self.cache == "window"
-        if config is not None and graphs and decode and hasattr(config, "cuda_graph_strategy"):
-            # the decode step only: a prompt's shape is new almost every time
-            config.cuda_graph_strategy = self.flavor.trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+        # graphs for the decode step only: a prompt's shape is new almost every time
+        config = runtime_config(self.engine, self.flavor, self._jit_cache, graphs and decode)
         strategy = getattr(self.flavor.trt, "DynamicShapesKernelSpecializationStrategy", None)
         if config is not None and strategy is not None:
             chosen = self.specialize if decode else "none"

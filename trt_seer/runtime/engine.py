@@ -30,7 +30,7 @@ from trt_seer.errors import CudaError, InputError, ManifestMismatchError, TrtSee
 import trt_seer.runtime.cuda as cuda
 from trt_seer.runtime.base import Model
 from trt_seer.runtime.io import DeviceTensor, FeedCheck, IOSpec, out_view, token_axes, validate_out
-from trt_seer.runtime.loader import EngineOptions, load_engine
+from trt_seer.runtime.loader import EngineOptions, load_engine, runtime_config
 from trt_seer.runtime.limits import engine_token_limits
 from trt_seer.runtime.prepared_engine import EnginePreparedCall
 from trt_seer.runtime.slot import EnginePending, Plan, Slot, SlotPool
@@ -86,15 +86,9 @@ class TensorRTModel(Model):
 
     def _runtime_config(self):
         """A per-context IRuntimeConfig sharing one runtime cache (TensorRT-RTX), or None."""
-        if not hasattr(self.engine, "create_runtime_config"):
-            return None
-        config = self.engine.create_runtime_config()
-        self._jit_cache.attach(config)
-        if self._graphs_ok and hasattr(config, "cuda_graph_strategy"):
-            # TensorRT-RTX does not let callers capture its launches (its JIT may compile kernels
-            # mid-launch); it captures and replays a graph per input shape itself when asked.
-            config.cuda_graph_strategy = self.flavor.trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
-            self.graph_mode = "runtime"
+        config = runtime_config(self.engine, self.flavor, self._jit_cache, self._graphs_ok)
+        if config is not None and self._graphs_ok and hasattr(config, "cuda_graph_strategy"):
+            self.graph_mode = "runtime"  # the flavor captures and replays per shape itself
         return config
 
     def new_context(self) -> tuple:

@@ -79,6 +79,20 @@ def load_engine(path: Path, options: EngineOptions, manifest: dict | None = None
     return LoadedEngine(path, manifest, flavor, gpu, logger, runtime, engine, jit_cache)
 
 
+def runtime_config(engine, flavor, jit_cache: RuntimeCacheFile, capture: bool):
+    """A per-context IRuntimeConfig (TensorRT-RTX) with the engine's runtime cache attached and,
+    with `capture`, whole-graph capture: TensorRT-RTX does not let callers capture its launches (its
+    JIT may compile kernels mid-launch); it captures and replays a graph per input shape itself when
+    asked. None where the flavor has no runtime configs."""
+    if not hasattr(engine, "create_runtime_config"):
+        return None
+    config = engine.create_runtime_config()
+    jit_cache.attach(config)
+    if capture and hasattr(config, "cuda_graph_strategy"):
+        config.cuda_graph_strategy = flavor.trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+    return config
+
+
 def check_manifest(manifest: dict, installed: dict, device_cc: tuple[int, int], gpu: str = "this GPU") -> None:
     """Raises ManifestMismatchError, naming both sides, if the engine cannot run here.
 

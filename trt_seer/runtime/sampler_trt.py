@@ -60,11 +60,9 @@ class DeviceSampler:
         return cls(load_engine(path, options, own), max_batch, stream)
 
     def _context(self, loaded):
-        config = self.engine.create_runtime_config() if hasattr(self.engine, "create_runtime_config") else None
-        if config is not None:
-            loaded.jit_cache.attach(config)
-        if config is not None and hasattr(config, "cuda_graph_strategy"):  # one shape per batch size
-            config.cuda_graph_strategy = loaded.flavor.trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+        from trt_seer.runtime.loader import runtime_config
+
+        config = runtime_config(self.engine, loaded.flavor, loaded.jit_cache, capture=True)  # one shape per batch
         ctx = self.engine.create_execution_context(config) if config is not None else self.engine.create_execution_context()
         if ctx is None:
             raise TrtSeerError(f"TensorRT could not create an execution context for {loaded.path.name}")
