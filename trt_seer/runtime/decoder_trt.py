@@ -46,7 +46,7 @@ from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, check_step, is_past, n
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
-from trt_seer.runtime.fed_back import Lane, device_draws, fed_back
+from trt_seer.runtime.fed_back import Lane, fed_back
 from trt_seer.runtime.kv_window import (ALIGNS, append_copy, default_align, grow_copies, keep_new, land_copy,
                                         pick_window, resolve_windows, slide_copy, window_mask)
 from trt_seer.runtime.loader import EngineOptions, load_engine, runtime_config
@@ -200,7 +200,7 @@ class TensorRTDecoder:
             self._kv = [[cuda.DeviceBuffer(kv_bytes) for _ in self.past_names] for _ in range(2)]
         self._small = {n: cuda.DeviceBuffer(_nbytes((b, t), np.int64)) for n in SMALL_INPUTS}
         self._lane = Lane(self._small, b)
-        self._lanes = (self._lane, Lane(self._small, b))  # fed_back: two steps in flight
+        self.lanes = (self._lane, Lane(self._small, b))  # runtime/fed_back.py: two steps in flight
         self._logits = cuda.HostDeviceBuffer(_nbytes((b, 1, self.vocab), self.logits_dtype))
         self._next = None if self.next_dtype is None else cuda.HostDeviceBuffer(_nbytes((b, 1), self.next_dtype))
         self._cur = 0
@@ -330,7 +330,13 @@ class TensorRTDecoder:
             raise UnsupportedError(f"{self.path.name} has no device sampler beside it: sampling runs on the host")
         if not sampling.temperature > 0 or sampling.top_k:
             raise UnsupportedError("the device sampler takes a temperature > 0 and top-p, not top-k")
-        return fed_back(self, input_ids, attention_mask, count, device_draws(self, sampling, rng))
+        then = self.sampler.draws_after(self._logits.device_ptr, self._next.device_ptr, self.batch, sampling, rng)
+        return fed_back(self, input_ids, attention_mask, count, then)
+
+    def enqueue_token_step(self, feeds: dict, lane: Lane, ids_on_device: bool = False, then=None) -> None:
+        """Enqueues one step whose token (`next_token`, or the sampler's draw written over it) comes
+        back into `lane.token`; no wait (`_enqueue`, runtime/fed_back.py)."""
+        self._enqueue(feeds, lane, self._next.device_ptr, lane.token.ctypes.data, self.batch * 8, ids_on_device, then)
 
     def _bind_cache(self, ctx, seq: int, decode: bool) -> None:
         """Shapes and addresses of the cache inputs and outputs for this step."""
@@ -450,7 +456,7 @@ class TensorRTDecoder:
             if buf is not None:
                 buf.close()
         self.engine, self._runtime = None, None
-        for owned in (*self._lanes, self.stream):
+        for owned in (*self.lanes, self.stream):
             owned.close()
 
     def __enter__(self):

@@ -37,19 +37,6 @@ class Lane:
         self.end.close()
 
 
-def device_draws(dec, sampling, rng: np.random.Generator):
-    """`then(lane)` for `fed_back`: the device sampler after each step, on DRAWS uniform numbers per row
-    from `rng` (drawn as the step is enqueued, in step order: the host sampler's draws)."""
-    from trt_seer.runtime.sampling import draws
-
-    settings = dec.sampler.settings(dec.batch, sampling.temperature, sampling.top_p)
-
-    def then(lane: int):
-        return lambda: dec.sampler.enqueue(lane, dec._logits.device_ptr, dec._next.device_ptr,
-                                           draws(rng, dec.batch), settings)
-    return then
-
-
 def fed_back(dec, input_ids, attention_mask, count: int, then=None) -> Iterator[np.ndarray]:
     """Yields `count` token arrays (batch,) int64 of `dec` (a TensorRTDecoder after `reset`), the
     prompt's first, each while the following step already runs. Every row takes a step each time
@@ -57,9 +44,9 @@ def fed_back(dec, input_ids, attention_mask, count: int, then=None) -> Iterator[
     by one. `then(lane)`, where given, makes each step's extra work before its token comes back."""
     mask = np.asarray(attention_mask, np.int64)
     feeds = {"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids(mask)}
-    nbytes, lanes = dec.batch * 8, dec._lanes
+    lanes = dec.lanes
     then = then or (lambda lane: None)
-    dec._enqueue(feeds, lanes[0], dec._next.device_ptr, lanes[0].token.ctypes.data, nbytes, then=then(0))
+    dec.enqueue_token_step(feeds, lanes[0], then=then(0))
     try:
         for t in range(1, count + 1):
             if t < count:
@@ -67,8 +54,7 @@ def fed_back(dec, input_ids, attention_mask, count: int, then=None) -> Iterator[
                 feeds = {"input_ids": np.zeros((dec.batch, 1), np.int64), "attention_mask": mask,
                          "position_ids": position_ids(mask, 1)}
                 lane = lanes[t % 2]
-                dec._enqueue(feeds, lane, dec._next.device_ptr, lane.token.ctypes.data, nbytes,
-                             ids_on_device=True, then=then(t % 2))
+                dec.enqueue_token_step(feeds, lane, ids_on_device=True, then=then(t % 2))
             done = lanes[(t - 1) % 2]
             done.end.synchronize()
             dec.last_gpu_ms = done.end.elapsed_ms(done.start)

@@ -72,6 +72,18 @@ class DeviceSampler:
         """(batch, 2) float32: 1 / temperature, top_p per row."""
         return np.tile(np.array([1 / temperature, top_p], np.float32), (batch, 1))
 
+    def draws_after(self, logits_ptr: int, out_ptr: int, batch: int, sampling, rng: np.random.Generator):
+        """`then(lane)` for runtime/fed_back.py: after each step, this sampler on the logits at
+        `logits_ptr`, its token into `out_ptr`, from DRAWS uniform numbers per row out of `rng`
+        (drawn as the step is enqueued, in step order: the host sampler's draws)."""
+        from trt_seer.runtime.sampling import draws
+
+        settings = self.settings(batch, sampling.temperature, sampling.top_p)
+
+        def then(lane: int):
+            return lambda: self.enqueue(lane, logits_ptr, out_ptr, draws(rng, batch), settings)
+        return then
+
     def enqueue(self, lane: int, logits_ptr: int, out_ptr: int, uniforms: np.ndarray, settings: np.ndarray) -> None:
         """Draws the next token per row from the logits at `logits_ptr` into `out_ptr` (int64), after
         whatever the stream holds; `uniforms` (batch, DRAWS) go up through host lane `lane`."""
