@@ -230,7 +230,7 @@ def _sampler_beside(engine: Path, m: dict) -> bool:
     from trt_seer.runtime.sampler_trt import sampler_file
     from trt_seer.runtime.sampling import DRAWS
 
-    logits = next((o["dtype"] for o in m["io"]["outputs"] if o["name"] == "logits"), None)
+    logits = manifest.output_dtype(m, "logits")
     path = sampler_file(engine, m["name"], logits) if logits else None
     own = manifest.read_if_exists(manifest.engine_manifest_path(path)) if path and path.is_file() else None
     rule = {"draws": DRAWS, "thresholds": THRESHOLDS, "passes": PASSES}

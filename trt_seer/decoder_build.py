@@ -97,11 +97,8 @@ def build_decoder(info, request, chosen: list[str]) -> tuple[dict, list]:
 
 def _samplers(art: Artifacts, request, manifests: dict, stages) -> None:
     """The device sampler for each logits dtype the decoder engines give (runtime/sampler_trt.py)."""
-    def logits(m: dict) -> str:
-        return next(o["dtype"] for o in m["io"]["outputs"] if o["name"] == "logits")
-
     vocab = int(manifests["fp16"]["decoder"]["vocab_size"])
-    for dtype in sorted({logits(m) for m in manifests.values()}):
+    for dtype in sorted({manifest.output_dtype(m, "logits") for m in manifests.values()}):
         stages.run(f"sampler engine ({dtype})", pipeline.sampler_engine, art, manifests["fp16"]["name"], vocab,
                    dtype, request.engine_spec("fp16"), request.force, request.keep_intermediates)
 

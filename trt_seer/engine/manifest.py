@@ -64,6 +64,11 @@ def read(path: Path) -> dict:
     return data
 
 
+def output_dtype(data: dict, name: str) -> str | None:
+    """The dtype (numpy name) of output `name` in a manifest's `io`, None where it has no such output."""
+    return next((o["dtype"] for o in data.get("io", {}).get("outputs", []) if o["name"] == name), None)
+
+
 def read_engine_manifest(path: Path) -> dict:
     data = read(path)
     missing = [k for k in ENGINE_REQUIRED if k not in data]
