@@ -787,3 +787,57 @@ def test_a_prepared_call_refuses_an_output_whose_shape_changes():
     assert call.outputs["y"].shape == (1,)
     with pytest.raises(UnsupportedError, match=r"output y came out \[2\] after \[1\] for the same input shapes"):
         call.run({"x": np.ones(3, np.float32)})
+
+
+def _fp16_matmul_chain(path, layers: int, width: int):
+    """A chain of FP16 MatMul+Relu layers whose weights are external data (as a decoder's are)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float16)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"h{i}"])]
+        x = f"h{i}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, width])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT16, [1, width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.save(model, str(path), save_as_external_data=True, location=path.name + ".data")
+    return path
+
+
+PEAK_RSS = """
+import sys, numpy as np
+from trt_seer.runtime.ort import OrtOptions, create_session
+s = create_session(sys.argv[1], OrtOptions(lean=sys.argv[2] == "lean"))
+out = s.run(None, {"x": np.full((1, int(sys.argv[3])), 0.5, np.float16)})[0]
+np.save(sys.argv[4], out)
+print(next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:")))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the peak from /proc/self/status")
+def test_lean_session_holds_fp16_weights_once(tmp_path):
+    """ONNX Runtime's CPU kernels take FP32: by default every FP16 weight is cast up front (2x its
+    bytes held); a lean session casts each where it is used. Same outputs, peak memory lower by
+    about the weights' FP32 copy (each run in a fresh process)."""
+    import onnxruntime as ort
+
+    layers, width = 12, 2048  # 96 MiB of FP16 weights
+    path = _fp16_matmul_chain(tmp_path / "chain.fp16.onnx", layers, width)
+    peak = {}
+    for mode in ("default", "lean"):
+        r = subprocess.run([sys.executable, "-c", PEAK_RSS, str(path), mode, str(width), str(tmp_path / mode)],
+                           capture_output=True, text=True, check=True)
+        peak[mode] = int(r.stdout.split()[-1])
+    np.testing.assert_allclose(np.load(tmp_path / "lean.npy").astype(np.float32),
+                               np.load(tmp_path / "default.npy").astype(np.float32), rtol=2e-2, atol=2e-2)
+    fp16_bytes = layers * width * width * 2
+    assert peak["default"] - peak["lean"] > 0.5 * fp16_bytes, peak
+    from trt_seer.runtime.ort import OrtOptions, session_options
+
+    so = session_options(OrtOptions(lean=True))
+    assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert so.execution_order == ort.ExecutionOrder.PRIORITY_BASED and not so.enable_cpu_mem_arena

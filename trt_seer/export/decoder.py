@@ -171,9 +171,9 @@ def verify_decoder(step, shape: DecoderShape, onnx_path: Path, name: str, tol, k
 def compare_cases(cases: list[dict], refs: list[list], shape: DecoderShape, onnx_path: Path, name: str, tol) -> dict:
     """ONNX Runtime's outputs on each feed of `cases` against `refs` (PyTorch's, computed before);
     `next_token`, where the graph has it, must be the argmax of ONNX Runtime's own logits."""
-    from trt_seer.runtime.ort import create_session
+    from trt_seer.runtime.ort import OrtOptions, create_session
 
-    session = create_session(onnx_path)
+    session = create_session(onnx_path, OrtOptions(lean=True))  # weights held once, even at 7B
     _, outputs = decoder_io(shape.num_layers)
     has_next = NEXT_TOKEN in {o.name for o in session.get_outputs()}
     report = {"cases": [list(c) for c in VERIFY_CASES], "outputs": {}}

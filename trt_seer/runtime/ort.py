@@ -29,11 +29,16 @@ OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC"
 class OrtOptions:
     """`threads`: intra-op threads (0: ONNX Runtime's default, one per physical core). `spinning`:
     idle pool threads busy-wait for the next op (lower latency on dedicated cores); turn it off
-    where other processes share the cores, which it slows (docs/BENCHMARKS.md)."""
+    where other processes share the cores, which it slows (docs/BENCHMARKS.md). `lean`: hold each
+    weight once, for graphs as large as the machine's memory: FP16 weights are cast for the CPU's
+    kernels one at a time where they are used (priority-based order; at "extended" and "all" the
+    cast of every weight is folded in at load, so those levels drop to "basic"), and no memory arena
+    keeps the largest transients (docs/BENCHMARKS.md: a 1.1B FP16 decoder's check)."""
 
     threads: int = 0
     optimization: str = "all"
     spinning: bool = True
+    lean: bool = False
 
     def __post_init__(self):
         if not isinstance(self.threads, int) or isinstance(self.threads, bool):
@@ -49,7 +54,13 @@ def session_options(options: OrtOptions):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[options.optimization])
+    level = options.optimization
+    if options.lean:
+        level = "disable" if level == "disable" else "basic"
+        so.execution_order = ort.ExecutionOrder.PRIORITY_BASED  # a Cast of a weight runs just before its use
+        so.enable_cpu_mem_arena = False
+        so.enable_mem_pattern = False
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[level])
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL  # transformer graphs are chains: no gain from parallel
     so.intra_op_num_threads = options.threads
     so.inter_op_num_threads = 1
