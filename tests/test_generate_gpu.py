@@ -135,8 +135,8 @@ def test_the_device_sampler_draws_the_hosts_tokens_and_feeds_them_back(engines, 
         for t in range(12):
             for temperature, top_p in ((0.7, 0.9), (2.0, 0.5), (1.0, 1.0)):
                 u = draws(rng, 4)
-                dec.sampler.enqueue(t % 2, dec._logits.device_ptr, dec._next.device_ptr, u,
-                                    dec.sampler.settings(4, temperature, top_p))
+                dec.sampler.set(4, temperature, top_p)
+                dec.sampler.enqueue(t % 2, dec._logits.device_ptr, dec._next.device_ptr, u)
                 cuda.copy_async(dec._next.host_ptr, dec._next.device_ptr, 4 * 8, "DeviceToHost", dec.stream)
                 dec.stream.synchronize()
                 got = dec._next.host_view((4,), np.int64).copy()

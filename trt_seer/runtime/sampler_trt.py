@@ -35,8 +35,8 @@ class DeviceSampler:
         self.ctx = self._context(loaded)
         self._uniforms = cuda.DeviceBuffer(max_batch * DRAWS * 4)
         self._settings = cuda.DeviceBuffer(max_batch * 2 * 4)
-        self._host = [(cuda.pinned_array(max_batch * DRAWS * 4).view(np.float32),
-                       cuda.pinned_array(max_batch * 2 * 4).view(np.float32)) for _ in range(LANES)]
+        self._host = [cuda.pinned_array(max_batch * DRAWS * 4).view(np.float32) for _ in range(LANES)]
+        self._settings_host = cuda.pinned_array(max_batch * 2 * 4).view(np.float32)
         self._bound = None  # (batch, logits address, output address) the context has
 
     @classmethod
@@ -68,30 +68,37 @@ class DeviceSampler:
             raise TrtSeerError(f"TensorRT could not create an execution context for {loaded.path.name}")
         return ctx
 
-    def settings(self, batch: int, temperature: float, top_p: float) -> np.ndarray:
-        """(batch, 2) float32: 1 / temperature, top_p per row."""
-        return np.tile(np.array([1 / temperature, top_p], np.float32), (batch, 1))
+    def set(self, batch: int, temperature: float, top_p: float) -> None:
+        """Sends (1 / temperature, top_p) per row up, once for the steps enqueued after it (stream
+        order). Its host buffer is rewritten only by the next call, after a generation's last
+        token came back, so the copy from it has run."""
+        value = np.tile(np.array([1 / temperature, top_p], np.float32), (batch, 1))
+        np.copyto(self._settings_host[:value.size].reshape(value.shape), value)
+        cuda.copy_async(self._settings.device_ptr, self._settings_host.ctypes.data, value.nbytes, "HostToDevice",
+                        self.stream.handle)
 
     def draws_after(self, logits_ptr: int, out_ptr: int, batch: int, sampling, rng: np.random.Generator):
         """`then(lane)` for runtime/fed_back.py: after each step, this sampler on the logits at
         `logits_ptr`, its token into `out_ptr`, from DRAWS uniform numbers per row out of `rng`
-        (drawn as the step is enqueued, in step order: the host sampler's draws)."""
+        (drawn as the step is enqueued, in step order: the host sampler's draws). The settings go
+        up once, here."""
         from trt_seer.runtime.sampling import draws
 
-        settings = self.settings(batch, sampling.temperature, sampling.top_p)
+        self.set(batch, sampling.temperature, sampling.top_p)
 
         def then(lane: int):
-            return lambda: self.enqueue(lane, logits_ptr, out_ptr, draws(rng, batch), settings)
+            return lambda: self.enqueue(lane, logits_ptr, out_ptr, draws(rng, batch))
         return then
 
-    def enqueue(self, lane: int, logits_ptr: int, out_ptr: int, uniforms: np.ndarray, settings: np.ndarray) -> None:
+    def enqueue(self, lane: int, logits_ptr: int, out_ptr: int, uniforms: np.ndarray) -> None:
         """Draws the next token per row from the logits at `logits_ptr` into `out_ptr` (int64), after
-        whatever the stream holds; `uniforms` (batch, DRAWS) go up through host lane `lane`."""
+        whatever the stream holds, with the settings last `set`; `uniforms` (batch, DRAWS) go up
+        through host lane `lane`."""
         batch = len(uniforms)
         stream = self.stream.handle
-        for (host, device), value in zip(zip(self._host[lane], (self._uniforms, self._settings)), (uniforms, settings)):
-            np.copyto(host[:value.size].reshape(value.shape), value, casting="same_kind")
-            cuda.copy_async(device.device_ptr, host.ctypes.data, value.nbytes, "HostToDevice", stream)
+        host = self._host[lane]
+        np.copyto(host[:uniforms.size].reshape(uniforms.shape), uniforms, casting="same_kind")
+        cuda.copy_async(self._uniforms.device_ptr, host.ctypes.data, uniforms.nbytes, "HostToDevice", stream)
         if self._bound != (batch, logits_ptr, out_ptr):
             self._bind(batch, {"logits": logits_ptr, "uniforms": self._uniforms.device_ptr,
                                "settings": self._settings.device_ptr, "next_token": out_ptr})
@@ -112,4 +119,4 @@ class DeviceSampler:
         self._loaded.jit_cache.save()
         for buf in (self._uniforms, self._settings):
             buf.close()
-        self._host = self.engine = self._loaded = None
+        self._host = self._settings_host = self.engine = self._loaded = None
