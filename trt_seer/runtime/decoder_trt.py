@@ -46,6 +46,7 @@ from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, check_step, is_past, n
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
+from trt_seer.runtime.decoder_memory import new_kv_buffers, shared_scratch
 from trt_seer.runtime.fed_back import Lane, fed_back
 from trt_seer.runtime.kv_window import (ALIGNS, append_copy, default_align, grow_copies, keep_new, land_copy,
                                         pick_window, resolve_windows, slide_copy, window_mask)
@@ -111,7 +112,7 @@ class TensorRTDecoder:
         self.align = align or default_align(self.decoder, self.windows[-1])
         if self.align not in ALIGNS:
             raise InputError(f"align must be one of {', '.join(ALIGNS)}, got {align!r}")
-        self._user, self._scratch = self._shared_scratch()
+        self._user, self._scratch = shared_scratch(self.flavor, self.engine)
         self._prefill = self._context(1 if self.engine.num_optimization_profiles > 1 else 0, decode=False)
         self._decode = {}  # window size (or "grow") -> its decode context, made on first use
         self._alloc()
@@ -175,24 +176,14 @@ class TensorRTDecoder:
             raise TrtSeerError(f"TensorRT could not select optimization profile {profile} of {self.path.name}")
         return ctx
 
-    def _shared_scratch(self):
-        """(the user-managed allocation strategy, one scratch block of the engine's largest size)
-        that every context of this decoder shares; (None, None) where TensorRT has no such
-        strategy. Contexts run one at a time on one stream, so one block serves the prefill and
-        every window, where each context's own would hold that size again (a ladder of five
-        windows at 7B: about 4 GiB)."""
-        kinds = getattr(self.flavor.trt, "ExecutionContextAllocationStrategy", None)
-        if kinds is None or not hasattr(self.engine, "device_memory_size_v2"):
-            return None, None
-        return kinds.USER_MANAGED, cuda.DeviceBuffer(max(1, int(self.engine.device_memory_size_v2)))
-
     def _alloc(self) -> None:
         b, t, layers = self.max_batch, self.max_total, len(self.past_names)
         self.window = None  # the window the next decode step reads ("window" layout)
         self._row = self.head_dim * self.kv_dtype.itemsize  # bytes of one position of one head
         self._new = self._stage = None
         if self.new_kv:
-            self._alloc_new(layers * b * self.kv_heads, t)
+            self._kv, self._new, self._stage = new_kv_buffers(layers * b * self.kv_heads, t, self._row, self.cache,
+                                                              self._scratch, self.stream)
         elif self.cache == "window":  # [layer][batch][head][window][dim], read by the step; its output
             self._kv = [cuda.DeviceBuffer(layers * b * self.kv_heads * n * self._row) for n in (t - 1, t)]
         else:  # two [batch][head][total][dim] buffers per layer, swapping roles every step
@@ -206,19 +197,6 @@ class TensorRTDecoder:
         self._cur = 0
         self._bound = {}  # window -> the batch whose decode shapes and addresses its context has
         self.kv_cache_bytes = sum(buf.nbytes for buf in self._buffers())
-
-    def _alloc_new(self, rows: int, t: int) -> None:
-        """Engines with `new_key_values`: the cache once ([layer][batch][head][window][dim]; "grow":
-        two of them, swapping), the step's new position per row, and a staging buffer for moves
-        within the cache: the shared scratch (free between steps) where it holds a row."""
-        self._kv = [cuda.DeviceBuffer(rows * n * self._row) for n in ((t - 1,) if self.cache == "window" else (t, t))]
-        for buf in self._kv:  # slots are masked until used, but must hold numbers (NaN * 0 is NaN)
-            cuda.memset_async(buf.device_ptr, 0, buf.nbytes, self.stream)
-        self._new = cuda.DeviceBuffer(rows * self._row)
-        widest = (t - 1) * self._row
-        scratch = self._scratch
-        self._stage = (scratch if scratch is not None and scratch.nbytes >= widest
-                       else cuda.DeviceBuffer(widest * min(rows, 64)))
 
     def _buffers(self) -> list:
         if self.new_kv:
