@@ -1,6 +1,6 @@
 """The decoder I/O contract: one place for the names, positions, empty cache and step feeds of a
 causal-LM graph with a KV cache, shared by export (writes it), eval (teacher forcing, gates) and
-runtime (steps it). Needs only numpy, so every stage may import it.
+runtime (steps it). Needs only numpy (and trt_seer.errors), so every stage may import it.
 
     inputs, outputs = decoder_io(num_layers)   # input_ids, attention_mask, position_ids, past_key_values.{i}.key/value
     feeds = step_feeds(ids, mask, seq=1)       # position_ids counted over real tokens
@@ -13,6 +13,8 @@ keys and values (batch, kv_heads, seq, head_dim), which the runtime writes into 
 from __future__ import annotations
 
 import numpy as np
+
+from trt_seer.errors import InputError
 
 TOKEN_AXES = {0: "batch", 1: "seq"}  # the dynamic axes of token tensors
 TOKEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -52,8 +54,6 @@ def check_step(input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: 
                max_total: int, model: str) -> int:
     """What every decoder step checks before it runs (InputError, nothing run): a batch was started,
     the feeds fit it and the cache, and the sequence fits `max_total`. Returns the step's length."""
-    from trt_seer.errors import InputError
-
     if not batch:
         raise InputError("call reset(batch) before step()")
     rows, seq = input_ids.shape
