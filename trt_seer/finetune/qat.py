@@ -90,9 +90,10 @@ def _qat_forward(module, x):
     from trt_seer.finetune.fakequant import fake_quant_input, fake_quant_weight
 
     w, s = module.weight, getattr(module, SMOOTH, None)
-    learned = LOG_SMOOTH in module._parameters
+    log_s = getattr(module, LOG_SMOOTH, None)  # registered only as a parameter (attach)
+    learned = log_s is not None
     if learned:
-        s = module._parameters[LOG_SMOOTH].exp()
+        s = log_s.exp()
     if s is not None:  # (x / s) @ (W * s)^T: the smoothed graph's Mul and scaled weights
         x, w = x / s.to(x.dtype), w * s
     return torch.nn.functional.linear(fake_quant_input(x, getattr(module, PARAM)), fake_quant_weight(w, learned),
@@ -152,7 +153,8 @@ def detach(model) -> tuple[list[dict], list[dict]]:
     by_param: dict[int, dict] = {}
     smoothing: dict[int, dict] = {}
     for name, m in model.named_modules():
-        for pname, p in [(k, v) for k, v in m._parameters.items() if k.startswith("qat_")]:
+        own = list(m.named_parameters(recurse=False, remove_duplicate=False))
+        for pname, p in [(k, v) for k, v in own if k.startswith("qat_")]:
             delattr(m, pname)
             if pname == LOG_SMOOTH:
                 entry = smoothing.setdefault(id(p), {"tensor": p.tensor, "modules": [],
@@ -163,7 +165,7 @@ def detach(model) -> tuple[list[dict], list[dict]]:
             entry = by_param.setdefault(id(p), {"tensor": p.tensor, "modules": [], "amax": math.exp(float(p.detach())),
                                                 "initial_amax": p.initial_amax})
             entry["modules"].append(key)
-        if SMOOTH in m._buffers:
+        if any(b == SMOOTH for b, _ in m.named_buffers(recurse=False, remove_duplicate=False)):
             delattr(m, SMOOTH)
         m.__dict__.pop("forward", None)
     return list(by_param.values()), list(smoothing.values())
