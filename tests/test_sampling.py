@@ -65,6 +65,23 @@ def test_the_draw_is_the_full_sort_references_for_the_same_numbers(kw, spread):
     assert same >= 0.99, f"{same:.3f} of draws agree"
 
 
+@pytest.mark.parametrize("shift", [300.0, -400.0, 60.0])
+def test_far_logits_draw_the_same_tokens_as_centred_ones(shift):
+    """The weights skip the shift by each row's best while they stay inside float32; logits far
+    above (exp overflows) or below (it underflows) go through the shifted pass, and a shift of every
+    logit by a constant changes no token. Rows mixed: only the far ones take the other pass."""
+    rng = np.random.default_rng(3)
+    logits = lm_like_logits(rng, 8, 32000, 6.0)
+    u = draws(rng, 8)
+    moved = logits.copy()
+    moved[::2] += np.float32(shift)
+    for temperature, top_p in [(0.7, 0.9), (1.0, 1.0)]:
+        inverse = np.float32(1 / temperature)
+        want = reference_draw(logits, temperature, top_p, u)
+        assert (nucleus_draw(moved, inverse, top_p, u) == want).all()
+        assert (nucleus_draw(logits, inverse, top_p, u) == want).all()
+
+
 def test_tokens_follow_the_top_p_distribution():
     """20,000 draws over 6 tokens: each kept token's share is its probability renormalized over the
     nucleus (within 4 standard errors); the tokens outside it never come."""
@@ -96,6 +113,20 @@ def test_a_seed_reproduces_itself_and_top_k_1_is_greedy():
 def _after(rng, shape):
     rng.random(shape, dtype=np.float32)
     return rng.bit_generator.state
+
+
+@pytest.mark.parametrize("vocab, k", [(32000, 50), (32000, 1), (3000, 40), (500, 7)])
+def test_top_k_candidates_are_a_full_sorts_head(vocab, k):
+    """The k likeliest per row (found under the block-maximum bound, or by a partition where the row
+    has fewer than k blocks) equal a full sort's first k, ties broken by the lower id: scores here
+    are small integers, so most tokens tie."""
+    from trt_seer.runtime.sampling import _likeliest
+
+    scores = np.random.default_rng(vocab + k).integers(-20, 12, (8, vocab)).astype(np.float32)
+    ids, head = _likeliest(scores, k)
+    want = np.array([np.lexsort((np.arange(vocab), -row))[:k] for row in scores])
+    assert (ids == want).all()
+    assert (head == np.take_along_axis(scores, want, axis=-1)).all()
 
 
 def test_top_p_keeps_the_smallest_head_that_reaches_its_mass():

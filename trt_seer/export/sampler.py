@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.runtime.sampling import BLOCK, DRAWS
+from trt_seer.runtime.sampling import DRAWS
 
+BLOCK = 1024  # tokens per block of the running weight (the host uses smaller blocks: the sums differ by float32 rounding)
 THRESHOLDS, PASSES = 8, 6  # 48 masses per row and token in all: the sampler's main cost on the device
 SPAN = 32.0  # scaled logits more than SPAN below the best weigh < 1e-13 each: the bisection starts there
 INPUTS = ("logits", "uniforms", "settings")
@@ -95,7 +96,8 @@ def _bisect(g: "_Graph", z: str, e: str, need: str) -> str:
 def _invert(g: "_Graph", weights: str, u: str, vocab: int) -> str:
     """Per row and uniform u (batch, n, 1): the first token whose running weight (id order)
     exceeds u times the row's weight; (batch, n) int64. The running weight is summed as the host
-    sums it: within blocks of BLOCK tokens, plus the blocks before (float32 error stays a block's)."""
+    sums it, within blocks plus the blocks before (float32 error stays a block's); the host's
+    blocks are smaller, so the two differ by float32 rounding only."""
     from onnx import TensorProto
 
     blocks = -(-vocab // BLOCK)
