@@ -77,39 +77,51 @@ def peaked_choice_ms(batch: int, sampling, repeats: int = 30) -> float:
 
 
 def measure(step, batch: int, prompt: int, new: int, repeats: int) -> dict[str, dict]:
+    """Medians per mode; the modes take turns within each repeat, so a slow spell of the machine
+    falls on all of them rather than on one."""
     import numpy as np
 
-    from trt_seer.decoder_io import position_ids
     from trt_seer.runtime.generate import Sampling
-    from trt_seer.runtime.sampling import choose
 
-    rows = {}
-    for mode, kw in MODES.items():
-        sampling, rng = Sampling(**kw), np.random.default_rng(0)
-        step_ms, choice_ms, old_ms = [], [], []
-        for r in range(repeats + 1):  # the first run warms up and is dropped
+    samplings = {mode: (Sampling(**kw), np.random.default_rng(0)) for mode, kw in MODES.items()}
+    times = {mode: ([], [], []) for mode in MODES}  # step ms, choice ms, full-sort ms
+    for r in range(repeats + 1):  # the first round warms up and is dropped
+        for mode, (sampling, rng) in samplings.items():
             ids = np.random.default_rng(r).integers(3, 32000, (batch, prompt))
-            mask = np.ones_like(ids)
-            step.reset(batch)
-            logits = step.step(ids, mask, position_ids(mask))
-            for _ in range(new):
-                t0 = time.perf_counter()
-                token = choose(logits, sampling, rng)
-                t1 = time.perf_counter()
-                mask = np.ones((batch, mask.shape[1] + 1), np.int64)
-                logits = step.step(token[:, None], mask, position_ids(mask, 1))
-                t2 = time.perf_counter()
-                if r:
-                    choice_ms.append((t1 - t0) * 1e3)
-                    step_ms.append((t2 - t1) * 1e3)
-                    if sampling.temperature and r == 1:
-                        old_ms.append(full_sort_ms(logits, sampling, rng))
+            _decode(step, ids, new, sampling, rng, times[mode] if r else None, full_sort=r == 1)
+    rows = {}
+    for mode, (step_ms, choice_ms, old_ms) in times.items():
         s, c = statistics.median(step_ms), statistics.median(choice_ms)
         rows[mode] = {"step_ms": s, "choice_ms": c, "per_token_ms": (s + c) / batch,
                       "full_sort_ms": statistics.median(old_ms) if old_ms else None,
-                      "peaked_choice_ms": peaked_choice_ms(batch, sampling)}
+                      "peaked_choice_ms": peaked_choice_ms(batch, samplings[mode][0])}
         print(mode, rows[mode], flush=True)
     return rows
+
+
+def _decode(step, ids, new: int, sampling, rng, times, full_sort: bool) -> None:
+    """`new` decode steps after the prompt `ids`; appends (step, choice, full sort) ms to `times`."""
+    import numpy as np
+
+    from trt_seer.decoder_io import position_ids
+    from trt_seer.runtime.sampling import choose
+
+    batch = len(ids)
+    mask = np.ones_like(ids)
+    step.reset(batch)
+    logits = step.step(ids, mask, position_ids(mask))
+    for _ in range(new):
+        t0 = time.perf_counter()
+        token = choose(logits, sampling, rng)
+        t1 = time.perf_counter()
+        mask = np.ones((batch, mask.shape[1] + 1), np.int64)
+        logits = step.step(token[:, None], mask, position_ids(mask, 1))
+        t2 = time.perf_counter()
+        if times is not None:
+            times[0].append((t2 - t1) * 1e3)
+            times[1].append((t1 - t0) * 1e3)
+            if sampling.temperature and full_sort:
+                times[2].append(full_sort_ms(logits, sampling, rng))
 
 
 def table(rows: dict[str, dict]) -> str:
