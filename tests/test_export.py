@@ -383,3 +383,76 @@ def test_chunked_attention_export_verifies_and_gives_eagers_logits(tiny_checkpoi
     eager, chunked = (create_session(graphs[f]).run(["logits"], feeds)[0] for f in ("eager", "chunked"))
     assert np.allclose(eager, chunked, atol=1e-4), float(np.abs(eager - chunked).max())
     assert json.loads(json.dumps(replace(info, attention="chunked").to_dict()))["attention"] == "chunked"
+
+
+@pytest.mark.parametrize("batch, heads, kv_heads, seq, total", [(2, 8, 2, 1, 257), (3, 4, 4, 7, 7)])
+def test_native_attention_is_eager_attention(batch, heads, kv_heads, seq, total):
+    """export/attention.py's ONNX Attention form (grouped heads without repeat_kv, a padded row)
+    against transformers' eager attention; the mask may be longer than the keys, as eager slices it."""
+    import types
+
+    import torch
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    from trt_seer.export.attention import native
+
+    gen = torch.Generator().manual_seed(batch + total)
+    q = torch.randn(batch, heads, seq, 32, generator=gen)
+    k, v = (torch.randn(batch, kv_heads, total, 32, generator=gen) for _ in range(2))
+    mask = torch.zeros(batch, 1, seq, total + 3)
+    mask[-1, ..., : total // 3] = torch.finfo(torch.float32).min
+    module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, training=False)
+    want, _ = eager_attention_forward(module, q, k, v, mask[..., :total], scaling=32 ** -0.5)
+    got, _ = native(module, q, k, v, mask, scaling=32 ** -0.5)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+
+
+def test_native_rotary_is_the_modules_own_and_is_restored():
+    """Inside native_rotary the Llama module's apply_rotary_pos_emb gives its own results through
+    ONNX RotaryEmbedding; a call it cannot express (heads second: unsqueeze_dim 2) goes to the
+    module's code; on exit the module's function is back."""
+    import torch
+    from transformers.models.llama import modeling_llama as ml
+
+    from trt_seer.export.attention import native_rotary
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 5, 16, generator=gen), torch.randn(2, 2, 5, 16, generator=gen)
+    freqs = torch.randn(2, 5, 8, generator=gen)
+    cos, sin = torch.cat([freqs.cos()] * 2, -1), torch.cat([freqs.sin()] * 2, -1)
+    own = ml.apply_rotary_pos_emb
+    want = own(q, k, cos, sin)
+    model = type("LlamaForCausalLM", (), {"__module__": ml.__name__})()
+    with native_rotary(model):
+        assert ml.apply_rotary_pos_emb is not own
+        got = ml.apply_rotary_pos_emb(q, k, cos, sin)
+        side = ml.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)
+    assert ml.apply_rotary_pos_emb is own
+    assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want))
+    assert all(torch.allclose(s.transpose(1, 2), w, atol=1e-5) for s, w in zip(side, want))
+
+
+def test_native_attention_export_has_the_operators_and_gives_eagers_logits(tiny_checkpoint, tmp_path):
+    """--attention native: the graph verifies against PyTorch (the export's own check), holds ONNX
+    Attention and RotaryEmbedding (opset 23) once per layer and no Softmax, its record says so, and
+    ONNX Runtime's logits and cache equal the eager graph's on a decode step over a padded cache."""
+    from dataclasses import replace
+
+    import onnx
+
+    from trt_seer.export import decoder
+    from trt_seer.runtime.ort import create_session
+
+    info = resolve_model(tiny_checkpoint("llama", "causal-lm"))
+    shape = decoder.decoder_shape(info.config)
+    graphs = {f: tmp_path / f"{f}.fp32.onnx" for f in ("eager", "native")}
+    for form, path in graphs.items():
+        decoder.onnx_from_decoder(replace(info, attention=form), path)
+    model = onnx.load(str(graphs["native"]), load_external_data=False)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("Attention") == shape.num_layers and ops.count("RotaryEmbedding") == 2 * shape.num_layers
+    assert "Softmax" not in ops and max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) == 23
+    assert decoder.decoder_section(replace(info, attention="native"), graphs["native"])["attention"] == "native"
+    feeds = decoder.sample_feeds(shape, 3, 1, 37, seed=4)
+    eager, native = (create_session(graphs[f]).run(None, feeds) for f in ("eager", "native"))
+    assert all(np.allclose(a, b, atol=1e-4) for a, b in zip(eager, native))
