@@ -456,3 +456,15 @@ def test_native_attention_export_has_the_operators_and_gives_eagers_logits(tiny_
     feeds = decoder.sample_feeds(shape, 3, 1, 37, seed=4)
     eager, native = (create_session(graphs[f]).run(None, feeds) for f in ("eager", "native"))
     assert all(np.allclose(a, b, atol=1e-4) for a, b in zip(eager, native))
+
+
+def test_a_row_of_padding_alone_is_left_out_of_the_logits_compared():
+    """The export check compares the logits of rows that end with a real token and the cache at
+    real positions; a row without any real token has no next token to compare."""
+    from trt_seer.export.decoder import defined
+
+    logits = np.arange(12, dtype=np.float32).reshape(3, 1, 4)
+    mask = np.array([[1, 1], [0, 1], [0, 0]])
+    assert np.array_equal(defined("logits", logits, mask), logits[:2])
+    cache = np.arange(3 * 2 * 2 * 1, dtype=np.float32).reshape(3, 2, 2, 1)  # (batch, kv_heads, positions, dim)
+    assert defined("present.0.key", cache, mask).shape == (3, 2, 1)
