@@ -40,7 +40,7 @@ class BuildRequest:
     force: bool = False
     keep_intermediates: bool = False
     dry_run: bool = False
-    attention: str = "eager"  # causal LMs: "eager", "chunked" or "native" (export/attention.py)
+    attention: str = "eager"  # causal LMs: "eager" or "chunked" (export/attention.py)
 
     def chosen(self) -> list[str]:
         """FP16 when none is given; INT8/INT4 bring their FP16 engine along, the baseline they are

@@ -45,10 +45,9 @@ def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
 
 def decoder_form(info: ModelInfo) -> dict:
     """What a decoder graph's cache key says about its form (eager attention keeps earlier keys)."""
-    from trt_seer.export.attention import CHUNKS, NATIVE_OPSET
+    from trt_seer.export.attention import CHUNKS
 
-    form = {"chunked": f"chunked-{CHUNKS}", "native": f"native-opset{NATIVE_OPSET}"}.get(info.attention)
-    return {"outputs": "next_token", **({"attention": form} if form else {})}
+    return {"outputs": "next_token", **({"attention": f"chunked-{CHUNKS}"} if info.attention == "chunked" else {})}
 
 
 def is_decoder(info: ModelInfo) -> bool:

@@ -1,19 +1,8 @@
-"""Attention forms for the decoder export, each the same result as Hugging Face's eager attention.
+"""Chunked attention for the decoder export: the same result as Hugging Face's eager attention,
+written so that TensorRT spreads a long cache over the GPU.
 
     from trt_seer.export.attention import NAME, register
     register(); AutoModelForCausalLM.from_pretrained(path, attn_implementation=NAME)   # build --attention chunked
-    from trt_seer.export.attention import NATIVE, register_native, native_rotary
-    register_native(); ...from_pretrained(path, attn_implementation=NATIVE)            # build --attention native
-    with native_rotary(model): torch.onnx.export(..., opset_version=NATIVE_OPSET)
-
-**Native** (`--attention native`): ONNX's own Attention operator (opset 23; grouped-query heads
-as they are, no repeat_kv copy) and RotaryEmbedding for the rotary position embedding, which
-TensorRT parses into its attention and rotary layers instead of fusing MatMul / Softmax / MatMul
-and Slice / Neg / Concat patterns. The cache concatenation stays Hugging Face's (the graph's
-`present` outputs are unchanged). ONNX Runtime runs both operators, so the export check is the
-same.
-
-**Chunked** (`--attention chunked`): written so that TensorRT spreads a long cache over the GPU.
 
 The eager form's decode step is one query row per head against the whole cache: TensorRT-RTX runs
 its softmax and its two GEMMs as one block per head, so a step's attention grows with the cache
@@ -26,60 +15,8 @@ additive float mask); masked positions weigh exp(-large) = 0 as in eager's softm
 """
 from __future__ import annotations
 
-import contextlib
-import sys
-
 NAME = "trt_seer_chunked"
 CHUNKS = 16
-NATIVE = "trt_seer_native"
-NATIVE_OPSET = 23  # Attention and RotaryEmbedding
-
-
-def register_native() -> None:
-    """Makes NATIVE an attention implementation with eager's additive float mask."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    AttentionInterface.register(NATIVE, native)
-    AttentionMaskInterface.register(NATIVE, eager_mask)
-
-
-def native(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **_):
-    """ONNX Attention: query (b, heads, s, d), key / value (b, kv_heads, t, d), mask (b, 1, s, t)
-    additive or None -> ((b, s, heads, d), None), as eager_attention_forward."""
-    import torch
-
-    mask = None if attention_mask is None else attention_mask[:, :, :, :key.shape[2]]
-    out = torch.onnx.ops.attention(query, key, value, mask, scale=scaling)[0]
-    return out.transpose(1, 2).contiguous(), None
-
-
-@contextlib.contextmanager
-def native_rotary(model):
-    """While open, the model's modeling module applies its rotary embedding with ONNX
-    RotaryEmbedding (non-interleaved halves, as `rotate_half`) where it covers the whole head;
-    partial rotary embeddings keep the module's own code. Restored on exit."""
-    module = sys.modules.get(type(model).__module__)
-    own = getattr(module, "apply_rotary_pos_emb", None)
-    if own is None:
-        yield
-        return
-
-    def apply(q, k, cos, sin, *args, **kwargs):
-        heads_first = not args and kwargs.get("unsqueeze_dim", 1) == 1 and set(kwargs) <= {"unsqueeze_dim"}
-        if not heads_first or q.dim() != 4 or cos.shape[-1] != q.shape[-1] or cos.shape[-2] != q.shape[2]:
-            return own(q, k, cos, sin, *args, **kwargs)
-        import torch
-
-        half = cos.shape[-1] // 2
-        c, s = cos[..., :half], sin[..., :half]  # (b, seq, d / 2): the halves of rotate_half's cos / sin are equal
-        return torch.onnx.ops.rotary_embedding(q, c, s), torch.onnx.ops.rotary_embedding(k, c, s)
-
-    module.apply_rotary_pos_emb = apply
-    try:
-        yield
-    finally:
-        module.apply_rotary_pos_emb = own
 
 
 def register() -> None:

@@ -55,8 +55,8 @@ def decoder_shape(config: dict) -> DecoderShape:
 
 def load_decoder(info: ModelInfo, dtype: str = "float32"):
     """The checkpoint as an eval-mode causal LM of `dtype` with eager attention (plain MatMul/Softmax
-    in the graph; fully padded rows stay finite), or export/attention.py's chunked or native form
-    of it when `info.attention` says so."""
+    in the graph; fully padded rows stay finite), or export/attention.py's chunked form of it when
+    `info.attention` is "chunked"."""
     import torch
     import transformers
 
@@ -66,24 +66,9 @@ def load_decoder(info: ModelInfo, dtype: str = "float32"):
     if info.attention == "chunked":
         attention.register()
         name = attention.NAME
-    elif info.attention == "native":
-        attention.register_native()
-        name = attention.NATIVE
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(info.path), dtype=getattr(torch, dtype), attn_implementation=name, low_cpu_mem_usage=True)
     return model.eval()
-
-
-def traced_form(info: ModelInfo, model):
-    """(context manager to trace and run the model in, ONNX opset): the native form's rotary
-    embedding and opset, else nothing and opset 18."""
-    import contextlib
-
-    from trt_seer.export import attention
-
-    if info.attention == "native":
-        return attention.native_rotary(model), attention.NATIVE_OPSET
-    return contextlib.nullcontext(), 18
 
 
 def cache_keyword(model) -> str:
@@ -144,8 +129,7 @@ def _dynamic_shapes(shape: DecoderShape):
     return (({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq}, *kv),)  # forward(*args)
 
 
-def _export(step, shape: DecoderShape, dest: Path, kv_dtype=np.float32, external: bool = False,
-            opset: int = 18) -> None:
+def _export(step, shape: DecoderShape, dest: Path, kv_dtype=np.float32, external: bool = False) -> None:
     import torch
 
     feeds = sample_feeds(shape, *TRACE_CASE, seed=1, kv_dtype=kv_dtype)
@@ -155,7 +139,7 @@ def _export(step, shape: DecoderShape, dest: Path, kv_dtype=np.float32, external
         warnings.simplefilter("ignore")
         program = torch.onnx.export(step, args, input_names=list(inputs),
                                     output_names=list(exported_outputs(shape.num_layers)),
-                                    dynamic_shapes=_dynamic_shapes(shape), dynamo=True, opset_version=opset,
+                                    dynamic_shapes=_dynamic_shapes(shape), dynamo=True, opset_version=18,
                                     verbose=False)
     large = sum(p.numel() * p.element_size() for p in step.parameters()) > onnxio.EXTERNAL_DATA_THRESHOLD
     with onnxio.staged(dest) as tmp:
@@ -234,13 +218,10 @@ def onnx_from_decoder(info: ModelInfo, dest: Path, tol=None) -> dict:
     """Exports `info`'s causal LM with a KV cache to `dest` and verifies it; returns the report."""
     tol = tol or Tolerance()
     shape = decoder_shape(info.config)
-    model = load_decoder(info)
-    step = wrap_decoder(model, shape)
-    form, opset = traced_form(info, model)
+    step = wrap_decoder(load_decoder(info), shape)
+    _export(step, shape, dest)
     try:
-        with form:
-            _export(step, shape, dest, opset=opset)
-            return verify_decoder(step, shape, dest, info.name, tol)
+        return verify_decoder(step, shape, dest, info.name, tol)
     except ExportMismatchError:
         dest.unlink(missing_ok=True)
         onnxio.data_path(dest).unlink(missing_ok=True)
@@ -348,11 +329,9 @@ def _torch_side(info: ModelInfo, dest: Path) -> tuple[list, list, dict]:
     model = load_decoder(info, "float16")
     params = weights.param_fingerprints(dict(model.named_parameters()))
     step = wrap_decoder(model, shape)
-    form, opset = traced_form(info, model)
-    with form:
-        _export(step, shape, dest, np.float16, external=True, opset=opset)
-        cases = [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=np.float16) for i, (b, s, p) in enumerate(VERIFY_CASES)]
-        refs = [_run_torch(step, f) for f in cases]
+    _export(step, shape, dest, np.float16, external=True)
+    cases = [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=np.float16) for i, (b, s, p) in enumerate(VERIFY_CASES)]
+    refs = [_run_torch(step, f) for f in cases]
     del step, model
     gc.collect()
     return cases, refs, params
