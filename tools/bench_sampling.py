@@ -9,6 +9,8 @@ times; medians per part. Cost per token = (step + choice) / batch; the ratio of 
 greedy is what the target (top-p <= 1.25x greedy per token) reads. The choice alone is also shown
 against the previous full float64 sort of the vocabulary, and on synthetic "trained-LM" logits (a
 few strong candidates over a flat tail): a random model's logits are nearly flat, the costliest case.
+A control row, greedy with a 0.5 ms busy wait after each choice, shows what any pause of that
+length between two steps costs the next ONNX Runtime step on the machine at hand.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ SHAPE = dict(vocab_size=32000, hidden_size=64, intermediate_size=128, num_hidden
              num_key_value_heads=2, max_position_embeddings=1024)
 MODES = {"greedy": dict(), "top-p 0.9, T 0.8": dict(temperature=0.8, top_p=0.9),
          "top-k 50, T 0.8": dict(temperature=0.8, top_k=50), "T 1.0 (no cut)": dict(temperature=1.0)}
+PAUSED = "greedy, then a 0.5 ms busy wait"  # a control row: what any half-millisecond between steps costs the next step
+PAUSE_S = 0.0005
 
 
 def tiny_decoder(work: Path) -> Path:
@@ -84,11 +88,13 @@ def measure(step, batch: int, prompt: int, new: int, repeats: int) -> dict[str, 
     from trt_seer.runtime.generate import Sampling
 
     samplings = {mode: (Sampling(**kw), np.random.default_rng(0)) for mode, kw in MODES.items()}
-    times = {mode: ([], [], []) for mode in MODES}  # step ms, choice ms, full-sort ms
+    samplings[PAUSED] = samplings["greedy"]
+    times = {mode: ([], [], []) for mode in samplings}  # step ms, choice ms, full-sort ms
     for r in range(repeats + 1):  # the first round warms up and is dropped
         for mode, (sampling, rng) in samplings.items():
             ids = np.random.default_rng(r).integers(3, 32000, (batch, prompt))
-            _decode(step, ids, new, sampling, rng, times[mode] if r else None, full_sort=r == 1)
+            _decode(step, ids, new, sampling, rng, times[mode] if r else None, full_sort=r == 1,
+                    pause=PAUSE_S if mode == PAUSED else 0.0)
     rows = {}
     for mode, (step_ms, choice_ms, old_ms) in times.items():
         s, c = statistics.median(step_ms), statistics.median(choice_ms)
@@ -99,8 +105,9 @@ def measure(step, batch: int, prompt: int, new: int, repeats: int) -> dict[str, 
     return rows
 
 
-def _decode(step, ids, new: int, sampling, rng, times, full_sort: bool) -> None:
-    """`new` decode steps after the prompt `ids`; appends (step, choice, full sort) ms to `times`."""
+def _decode(step, ids, new: int, sampling, rng, times, full_sort: bool, pause: float = 0.0) -> None:
+    """`new` decode steps after the prompt `ids`; appends (step, choice, full sort) ms to `times`.
+    `pause`: seconds of busy waiting after each choice, counted in it (the control row)."""
     import numpy as np
 
     from trt_seer.decoder_io import position_ids
@@ -113,6 +120,8 @@ def _decode(step, ids, new: int, sampling, rng, times, full_sort: bool) -> None:
     for _ in range(new):
         t0 = time.perf_counter()
         token = choose(logits, sampling, rng)
+        while time.perf_counter() - t0 < pause:
+            pass
         t1 = time.perf_counter()
         mask = np.ones((batch, mask.shape[1] + 1), np.int64)
         logits = step.step(token[:, None], mask, position_ids(mask, 1))
@@ -156,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
 
         body = (f"Tiny Llama (random init, 2 layers, hidden 64, vocabulary 32,000), ONNX Runtime FP32 on the CPU, "
                 f"batch {args.batch}, {args.new_tokens} decode steps after a {args.prompt}-token prompt, median of "
-                f"{args.repeats} runs per part. Per token = (step + choice) / batch.\n\n{text}\n")
+                f"{args.repeats} runs per part, the modes taking turns within each run. Per token = (step + choice) / "
+                f"batch. The last row is greedy with a {PAUSE_S * 1e3:.1f} ms busy wait after each choice: what a "
+                f"pause of that length between steps costs the next step here.\n\n{text}\n")
         append_benchmark(args.append, "Next-token choice vs greedy", "python " + " ".join(sys.argv), machine_text(),
                          body)
     return 0
