@@ -127,6 +127,10 @@ def test_top_k_candidates_are_a_full_sorts_head(vocab, k):
     want = np.array([np.lexsort((np.arange(vocab), -row))[:k] for row in scores])
     assert (ids == want).all()
     assert (head == np.take_along_axis(scores, want, axis=-1)).all()
+    scores[:, ::3] = np.nan  # a broken row: NaN ranks below every score
+    ids, _ = _likeliest(scores, k)
+    finite = np.where(np.isnan(scores), -np.inf, scores)
+    assert (ids == np.array([np.lexsort((np.arange(vocab), -row))[:k] for row in finite])).all()
 
 
 def test_top_p_keeps_the_smallest_head_that_reaches_its_mass():

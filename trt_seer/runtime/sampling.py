@@ -157,7 +157,7 @@ def _likeliest(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Per row the k highest scores, highest first (ties: the lower id first), and their ids.
     The k-th highest block maximum (blocks of BLOCK tokens) bounds the k-th highest score from
     below, so only the tokens at or above it (about k) are sorted: no partition of the vocabulary
-    (numpy's takes 0.2 ms per 32k-token row)."""
+    (numpy's took 0.3 ms per 32k-token row). NaN scores rank below every other."""
     batch, vocab = scores.shape
     blocks = vocab // BLOCK
     if blocks >= k:
@@ -166,6 +166,8 @@ def _likeliest(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     else:  # too few blocks for the bound: the k-th highest score itself
         bound = np.partition(scores, vocab - k, axis=-1)[:, vocab - k]
     rows, cols = np.divmod(np.flatnonzero(scores >= bound[:, None]), vocab)  # at least k per row (2-D nonzero: 20x slower)
+    if (np.bincount(rows, minlength=batch) < k).any():  # only where NaN took part in the bound
+        return _likeliest(np.where(np.isnan(scores), -np.inf, scores), k)
     values = scores[rows, cols]
     order = np.lexsort((cols, -values, rows))  # by row, then highest score, then lowest id
     first = np.searchsorted(rows[order], np.arange(batch))
