@@ -305,3 +305,33 @@ class UnpicklableError(Exception):
 
 def _raise_unpicklable():
     raise UnpicklableError("holds a lock")
+
+
+def test_ctrl_c_that_a_library_swallows_stops_the_build_after_its_stage(tmp_path):
+    """A stage whose library catches KeyboardInterrupt (a bare except) still ends the build:
+    Stages.run raises KeyboardInterrupt once the stage returns and no later stage runs; the SIGINT
+    handler is restored on exit, and a new latch starts clear."""
+    import signal
+
+    from trt_seer import resources
+
+    swallowed = []
+
+    def swallowing_stage():
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the handler runs here and raises
+        except BaseException as e:  # noqa: BLE001 - what the library does
+            swallowed.append(type(e))
+        return "done"
+
+    ran = []
+    stages = resources.Stages(tmp_path)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), resources.latch_interrupts():
+        stages.run("swallows", swallowing_stage)
+        ran.append("next")
+    assert swallowed == [KeyboardInterrupt] and ran == [] and stages.records == []
+    assert signal.getsignal(signal.SIGINT) is before
+    with resources.latch_interrupts():
+        assert stages.run("after", lambda: "ok") == "ok"  # a new latch starts clear

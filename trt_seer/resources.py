@@ -12,6 +12,7 @@ within a few percent of their ONNX weights; docs/BENCHMARKS.md).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -239,9 +240,37 @@ def release_memory() -> None:
         process.malloc_trim(0)
 
 
+INTERRUPTED = threading.Event()  # Ctrl-C seen (set by `latch_interrupts`' handler), even where a library swallowed it
+
+
+@contextlib.contextmanager
+def latch_interrupts():
+    """While open, Ctrl-C raises KeyboardInterrupt as usual and is also remembered, so that one a
+    library swallows (a bare `except:` around its own work) still stops the build at the end of the
+    stage (`Stages.run`). Main thread only (the only one that takes signals); the previous handler
+    is back on exit."""
+    import signal
+
+    INTERRUPTED.clear()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _remember_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _remember_interrupt(signum, frame):
+    INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
 class Stages:
     """Runs a build's stages under a StageMeter each, logging and keeping their figures; memory
-    freed by a stage is given back (`release_memory`) before the next starts."""
+    freed by a stage is given back (`release_memory`) before the next starts. A Ctrl-C that a
+    library swallowed during a stage stops the build once the stage is done."""
 
     def __init__(self, out: Path):
         self.out, self.records = Path(out), []
@@ -251,6 +280,8 @@ class Stages:
 
         with StageMeter(name, self.out) as meter:
             result = fn(*args, **kwargs)
+        if INTERRUPTED.is_set():
+            raise KeyboardInterrupt
         release_memory()
         rec = {**meter.record(), "rss_after_bytes": rss_bytes()}
         self.records.append(rec)

@@ -16,6 +16,7 @@ import warnings
 from trt_seer import __version__
 from trt_seer.cli import common
 from trt_seer.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, TrtSeerError
+from trt_seer.resources import latch_interrupts
 
 SUBCOMMANDS = ("export", "build", "run", "diff", "bench", "finetune", "generate", "triton")
 
@@ -75,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     common.configure_logging(getattr(args, "verbose", False))
     warnings.showwarning = _warning_line
     try:
-        common.check_config(getattr(args, "model", None))  # every command's --model, before slow work
-        return int(args.handler(args) or 0)
+        with latch_interrupts():
+            common.check_config(getattr(args, "model", None))  # every command's --model, before slow work
+            return int(args.handler(args) or 0)
     except TrtSeerError as e:
         _traceback_if(args)
         print(f"trt-seer: error: {one_line(e)}", file=sys.stderr)
