@@ -92,20 +92,20 @@ def _weights(logits: np.ndarray, inverse: np.float32):
     np.multiply(logits, scale, out=z)
     with np.errstate(over="ignore"):  # an overflowed row is caught by its total below
         np.exp2(z, out=z)  # numpy's float32 exp2 is vectorized where its exp may not be (2x on AVX2)
-        sums = _block_sums(e, batch, blocks)
+        sums = _block_sums(e)
     far = ~((sums[:, -1] >= 2.0 ** -60) & (sums[:, -1] <= 2.0 ** 100))  # also NaN: an overflowed block
     if far.any():
         rows = logits[far]
         shifted = (rows - rows.max(axis=-1, keepdims=True)) * scale
         e[far, :vocab] = np.exp2(shifted)
-        sums[far] = _block_sums(e[far], int(far.sum()), blocks)
+        sums[far] = _block_sums(e[far])
     return e, sums
 
 
-def _block_sums(e: np.ndarray, batch: int, blocks: int) -> np.ndarray:
-    """The running sum (float64) of each row's block sums (batch, blocks)."""
-    sums = e.reshape(batch * blocks, BLOCK) @ np.ones(BLOCK, np.float32)  # a matrix-vector product: fast
-    return np.cumsum(sums.reshape(batch, blocks), axis=-1, dtype=np.float64)
+def _block_sums(e: np.ndarray) -> np.ndarray:
+    """The running sum (float64) of each row's block sums: (batch, blocks) from (batch, blocks * BLOCK)."""
+    sums = e.reshape(-1, BLOCK) @ np.ones(BLOCK, np.float32)  # a matrix-vector product: fast
+    return np.cumsum(sums.reshape(len(e), -1), axis=-1, dtype=np.float64)
 
 
 def _invert(e: np.ndarray, cum: np.ndarray, rows: np.ndarray, target: np.ndarray, vocab: int) -> np.ndarray:
