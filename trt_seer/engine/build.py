@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.engine import kv_outputs, manifest, profiles
+from trt_seer.engine import kv_outputs, manifest, profiles, weight_layout
 from trt_seer.export import onnxio
 from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import BuildError
@@ -55,7 +55,7 @@ def cache_key(onnx_sha: str, spec: BuildSpec, flavor: trt_adapter.Flavor, decode
     targets = trt_adapter.target_description(flavor, spec.hardware_compat, spec.compute_caps)
     if targets["mode"] in trt_adapter.NEEDS_BUILD_GPU:  # an engine for another GPU is no cache hit
         targets = trt_adapter.with_build_gpu(targets, trt_adapter.build_gpu())
-    extra = {"kv_outputs": kv_outputs.KV_OUTPUTS} if decoder else {}
+    extra = {"kv_outputs": kv_outputs.KV_OUTPUTS, "weight_layout": weight_layout.WEIGHT_LAYOUT} if decoder else {}
     return sha256_json({"onnx": onnx_sha, "settings": spec.settings(), **flavor.describe(),
                         "targets": targets, **extra})
 
@@ -174,6 +174,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
     builder = flavor.trt.Builder(trt_logger)
     network, _parser = _parse(flavor, builder, Path(onnx_path))
     decoder = kv_outputs.mark_new_kv_outputs(flavor, network) > 0
+    transposed = weight_layout.transpose_gemm_weights(flavor, network) if decoder else []  # read until serialized
     with sigint_flag() as interrupted:
         trt_logger.cancelled = interrupted.is_set
         config, targets, _monitor = _config(flavor, builder, network, spec, timing_cache, interrupted.is_set)
@@ -187,6 +188,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
 
         _serialize(flavor, builder, network, config, Path(engine_path), failed)
         seconds = time.perf_counter() - start
+    del transposed
     if timing_cache is not None and flavor.has_timing_cache:
         atomic_write_bytes(timing_cache, bytes(memoryview(config.get_timing_cache().serialize())))
     data = {

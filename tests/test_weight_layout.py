@@ -1,0 +1,92 @@
+"""engine/weight_layout.py on networks the ONNX parser makes: which GEMM weights become [N, K] with a
+transposed multiply, and which keep their layout."""
+import numpy as np
+import pytest
+
+from trt_seer.engine import trt
+from trt_seer.engine.weight_layout import transpose_gemm_weights
+
+pytestmark = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
+K, N = 8, 16
+
+
+def _graph(path):
+    """x [b, s, K] (float16) into: MatMul by a weight of its own (w_own [K, N]); two MatMuls sharing
+    one weight (w_shared); a MatMul by a dequantized INT8 weight; a MatMul by another activation."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    own = rng.standard_normal((K, N)).astype(np.float16)
+    shared = rng.standard_normal((K, K)).astype(np.float16)
+    inits = [numpy_helper.from_array(own, "w_own"), numpy_helper.from_array(shared, "w_shared"),
+             numpy_helper.from_array(rng.integers(-127, 127, (K, K)).astype(np.int8), "w_q"),
+             numpy_helper.from_array(np.full(K, 0.01, np.float16), "w_scale")]
+    nodes = [helper.make_node("MatMul", ["x", "w_own"], ["y_own"], name="own"),
+             helper.make_node("MatMul", ["x", "w_shared"], ["y_shared"], name="shared_a"),
+             helper.make_node("MatMul", ["y_shared", "w_shared"], ["y_shared2"], name="shared_b"),
+             helper.make_node("DequantizeLinear", ["w_q", "w_scale"], ["w_dq"], axis=1),
+             helper.make_node("MatMul", ["x", "w_dq"], ["y_dq"], name="dq"),
+             helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["x", "xt"], ["y_act"], name="act")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["b", "s", K])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, None)
+            for n in ("y_own", "y_shared2", "y_dq", "y_act")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], outs, inits),
+                              opset_imports=[helper.make_opsetid("", 21)])
+    onnx.save(model, str(path))
+    return own
+
+
+def _parsed(flavor, path):
+    builder = flavor.trt.Builder(trt.logger(flavor))
+    network = trt.strongly_typed_network(flavor, builder)
+    parser = flavor.trt.OnnxParser(network, builder.logger)
+    assert parser.parse_from_file(str(path))
+    return builder, network, parser
+
+
+def _matmuls(flavor, network) -> dict:
+    out = {}
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        if layer.type == flavor.trt.LayerType.MATRIX_MULTIPLY:
+            layer.__class__ = flavor.trt.IMatrixMultiplyLayer
+            out[layer.name] = layer
+    return out
+
+
+def _constant_of(flavor, network, tensor):
+    """The constant layer behind `tensor`, through the parser's broadcast shuffle."""
+    producers = {network.get_layer(i).get_output(0).name: network.get_layer(i) for i in range(network.num_layers)}
+    layer = producers[tensor.name]
+    if layer.type == flavor.trt.LayerType.SHUFFLE:
+        layer = producers[layer.get_input(0).name]
+    assert layer.type == flavor.trt.LayerType.CONSTANT
+    layer.__class__ = flavor.trt.IConstantLayer
+    return layer
+
+
+def test_only_a_weight_read_by_one_gemm_alone_is_transposed(tmp_path):
+    flavor = trt.load()
+    own = _graph(tmp_path / "g.onnx")
+    _builder, network, _parser = _parsed(flavor, tmp_path / "g.onnx")
+    kept = transpose_gemm_weights(flavor, network)
+    layers = _matmuls(flavor, network)
+    ops = {name.removeprefix("node_") if name.startswith("node_") else name: layer.op1 for name, layer in layers.items()}
+    transposed = sorted(n for n, op in ops.items() if op == flavor.trt.MatrixOperation.TRANSPOSE)
+    assert len(kept) == 1 and len(transposed) == 1 and "own" in transposed[0]
+    mm = next(layer for name, layer in layers.items() if "own" in name)
+    const = _constant_of(flavor, network, mm.get_input(1))
+    assert tuple(const.shape) == (N, K)
+    assert np.array_equal(np.asarray(const.weights).reshape(N, K), own.T)
+    assert tuple(mm.get_input(1).shape)[-2:] == (N, K)  # the broadcast shuffle follows the new shape
+
+
+def test_a_second_pass_changes_nothing(tmp_path):
+    """A GEMM that already transposes its weight is left alone (the pass is not a toggle)."""
+    flavor = trt.load()
+    _graph(tmp_path / "g.onnx")
+    _builder, network, _parser = _parsed(flavor, tmp_path / "g.onnx")
+    assert len(transpose_gemm_weights(flavor, network)) == 1
+    assert transpose_gemm_weights(flavor, network) == []

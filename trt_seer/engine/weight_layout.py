@@ -1,0 +1,98 @@
+"""A decoder's TensorRT network: each GEMM's constant weight stored [N, K] (one row per output, the
+layout of a PyTorch Linear) and multiplied transposed, instead of the exporter's [K, N].
+
+At decode size a GEMM reads its whole weight for 1-16 rows. With the weight as [K, N], TensorRT-RTX
+picks split-K kernels for most of a decoder's GEMMs, each with a memset of its output; with [N, K]
+it picks kernels without either (measured on a 1.1B Llama, docs/BENCHMARKS.md: 517 -> 604 decode
+tokens/s at batch 1, 323 -> 279 launches per step, batch 8 unchanged). Done on the parsed network,
+like engine/kv_outputs.py, so the ONNX graph, its checks and the INT8/INT4 graphs made from it keep
+the exporter's layout. Weights behind a DequantizeLinear (weight-only INT8/INT4) are not constants
+here and keep theirs.
+
+The transposed copies are new host arrays that TensorRT reads until the engine is serialized: the
+caller keeps the returned list alive until then (about the FP16 weights' size in RAM).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+WEIGHT_LAYOUT = "nk"  # recorded in decoder engines' cache key
+FLOAT_DTYPES = (np.float16, np.float32)
+
+
+def _maps(network) -> tuple[dict, dict]:
+    """({tensor name: producing layer}, {tensor name: how many layer inputs read it})."""
+    producers, readers = {}, {}
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        for j in range(layer.num_outputs):
+            producers[layer.get_output(j).name] = layer
+        for j in range(layer.num_inputs):
+            t = layer.get_input(j)
+            if t is not None:
+                readers[t.name] = readers.get(t.name, 0) + 1
+    return producers, readers
+
+
+def _as(layer, cls):
+    layer.__class__ = cls
+    return layer
+
+
+def _weight_source(trt, layer, producers, readers):
+    """(constant layer, broadcast shuffle or None) when input 1 of the GEMM `layer` is a 2-D constant
+    read by it alone, directly or through a shuffle that only prepends 1s (the ONNX parser's
+    broadcast of a MatMul weight); else None."""
+    t = layer.get_input(1)
+    src = producers.get(t.name)
+    shuffle = None
+    if src is not None and src.type == trt.LayerType.SHUFFLE and src.num_inputs == 1 and readers.get(t.name) == 1:
+        shuffle = _as(src, trt.IShuffleLayer)
+        t = shuffle.get_input(0)
+        src = producers.get(t.name)
+    if src is None or src.type != trt.LayerType.CONSTANT or readers.get(t.name) != 1:
+        return None
+    const = _as(src, trt.IConstantLayer)
+    shape = tuple(const.shape)
+    if len(shape) != 2 or min(shape) < 2:
+        return None
+    if shuffle is not None:
+        ident = tuple(range(8))
+        dims = tuple(shuffle.reshape_dims)
+        if (tuple(shuffle.first_transpose)[:len(dims)] != ident[:len(dims)]
+                or tuple(shuffle.second_transpose)[:len(dims)] != ident[:len(dims)]
+                or dims[-2:] != shape or any(d != 1 for d in dims[:-2])):
+            return None
+    return const, shuffle
+
+
+def transpose_gemm_weights(flavor, network) -> list[np.ndarray]:
+    """Stores every eligible GEMM weight of `network` as [N, K] and sets the GEMM to transpose it
+    (module docstring). Returns the new arrays, which must outlive the build."""
+    trt = flavor.trt
+    producers, readers = _maps(network)
+    kept = []
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        if layer.type != trt.LayerType.MATRIX_MULTIPLY:
+            continue
+        mm = _as(layer, trt.IMatrixMultiplyLayer)
+        if mm.op1 != trt.MatrixOperation.NONE:
+            continue
+        found = _weight_source(trt, mm, producers, readers)
+        if found is None:
+            continue
+        const, shuffle = found
+        w = const.weights
+        if not isinstance(w, np.ndarray) or w.dtype not in FLOAT_DTYPES:
+            continue
+        k, n = tuple(const.shape)
+        nk = np.ascontiguousarray(w.reshape(k, n).T)
+        const.shape = (n, k)
+        const.weights = nk
+        if shuffle is not None:
+            dims = tuple(shuffle.reshape_dims)
+            shuffle.reshape_dims = dims[:-2] + (n, k)
+        mm.op1 = trt.MatrixOperation.TRANSPOSE
+        kept.append(nk)
+    return kept
