@@ -133,6 +133,10 @@ def test_tiny_family_fp16_engine(tmp_path, model_type, task):
         assert not [n for n in outs if n.startswith("present.")] and pasts
         for v in pasts:
             assert outs[new_of(v["name"])]["shape"] == v["shape"] and outs[new_of(v["name"])]["dtype"] == v["dtype"]
+        # every Linear's FP16 weight stored [N, K] (engine/weight_layout.py): 7 per layer + the LM head
+        assert m["build"]["gemm_weights_nk"] == 7 * 2 + 1
+    else:
+        assert "gemm_weights_nk" not in m["build"]
 
 
 @pytest.mark.skipif(not trt.available() or not trt.load().is_rtx, reason="compute-capability targets are TensorRT-RTX's")

@@ -12,7 +12,8 @@ K, N = 8, 16
 
 def _graph(path):
     """x [b, s, K] (float16) into: MatMul by a weight of its own (w_own [K, N]); two MatMuls sharing
-    one weight (w_shared); a MatMul by a dequantized INT8 weight; a MatMul by another activation."""
+    one weight (w_shared); a MatMul by a dequantized INT8 weight; a MatMul by another activation;
+    and a float32 x32 by a float32 weight of its own (w_fp32)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -21,18 +22,22 @@ def _graph(path):
     shared = rng.standard_normal((K, K)).astype(np.float16)
     inits = [numpy_helper.from_array(own, "w_own"), numpy_helper.from_array(shared, "w_shared"),
              numpy_helper.from_array(rng.integers(-127, 127, (K, K)).astype(np.int8), "w_q"),
-             numpy_helper.from_array(np.full(K, 0.01, np.float16), "w_scale")]
+             numpy_helper.from_array(np.full(K, 0.01, np.float16), "w_scale"),
+             numpy_helper.from_array(rng.standard_normal((K, N)).astype(np.float32), "w_fp32")]
     nodes = [helper.make_node("MatMul", ["x", "w_own"], ["y_own"], name="own"),
              helper.make_node("MatMul", ["x", "w_shared"], ["y_shared"], name="shared_a"),
              helper.make_node("MatMul", ["y_shared", "w_shared"], ["y_shared2"], name="shared_b"),
              helper.make_node("DequantizeLinear", ["w_q", "w_scale"], ["w_dq"], axis=1),
              helper.make_node("MatMul", ["x", "w_dq"], ["y_dq"], name="dq"),
              helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
-             helper.make_node("MatMul", ["x", "xt"], ["y_act"], name="act")]
+             helper.make_node("MatMul", ["x", "xt"], ["y_act"], name="act"),
+             helper.make_node("MatMul", ["x32", "w_fp32"], ["y_fp32"], name="fp32")]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["b", "s", K])
+    x32 = helper.make_tensor_value_info("x32", TensorProto.FLOAT, ["b", "s", K])
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, None)
-            for n in ("y_own", "y_shared2", "y_dq", "y_act")]
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], outs, inits),
+            for n in ("y_own", "y_shared2", "y_dq", "y_act")] + [
+            helper.make_tensor_value_info("y_fp32", TensorProto.FLOAT, None)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x, x32], outs, inits),
                               opset_imports=[helper.make_opsetid("", 21)])
     onnx.save(model, str(path))
     return own
@@ -75,7 +80,7 @@ def test_only_a_weight_read_by_one_gemm_alone_is_transposed(tmp_path):
     layers = _matmuls(flavor, network)
     ops = {name.removeprefix("node_") if name.startswith("node_") else name: layer.op1 for name, layer in layers.items()}
     transposed = sorted(n for n, op in ops.items() if op == flavor.trt.MatrixOperation.TRANSPOSE)
-    assert len(kept) == 1 and len(transposed) == 1 and "own" in transposed[0]
+    assert len(layers) == 6 and len(kept) == 1 and len(transposed) == 1 and "own" in transposed[0]
     mm = next(layer for name, layer in layers.items() if "own" in name)
     const = _constant_of(flavor, network, mm.get_input(1))
     assert tuple(const.shape) == (N, K)

@@ -188,6 +188,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
 
         _serialize(flavor, builder, network, config, Path(engine_path), failed)
         seconds = time.perf_counter() - start
+    nk_gemms = len(transposed)
     del transposed
     if timing_cache is not None and flavor.has_timing_cache:
         atomic_write_bytes(timing_cache, bytes(memoryview(config.get_timing_cache().serialize())))
@@ -201,6 +202,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
         "profiles": [spec.profile.to_dict()], "io": _io(flavor, network),
         "optimization_profiles": profiles.describe(network_profiles(network, spec)),
         "build": {"key": cache_key(onnx_sha, spec, flavor, decoder), "settings": spec.settings(),
+                  **({"gemm_weights_nk": nk_gemms} if decoder else {}),
                   "seconds": round(seconds, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "timing_cache": str(timing_cache.name) if timing_cache and flavor.has_timing_cache else None},
         **(extra or {}),
