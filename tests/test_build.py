@@ -102,6 +102,17 @@ def test_cache_key_covers_settings_and_flavor():
     assert base != cache_key("abc", BuildSpec(opt_level=5), flavor)
 
 
+def test_decoder_cache_key_records_the_weight_layout(monkeypatch):
+    """A decoder engine built before engine/weight_layout.py (or with another layout) is no cache hit."""
+    from trt_seer.engine import weight_layout
+
+    flavor = trt.load()
+    now = cache_key("abc", BuildSpec(), flavor, decoder=True)
+    monkeypatch.setattr(weight_layout, "WEIGHT_LAYOUT", "kn")
+    assert cache_key("abc", BuildSpec(), flavor, decoder=True) != now
+    assert cache_key("abc", BuildSpec(), flavor) == cache_key("abc", BuildSpec(), flavor)  # encoders: no layout
+
+
 @pytest.mark.parametrize("model_type,task", [("bert", "text-classification"), ("llama", "causal-lm"),
                                              ("distilbert", "feature-extraction")])
 def test_tiny_family_fp16_engine(tmp_path, model_type, task):

@@ -78,7 +78,7 @@ def test_only_a_weight_read_by_one_gemm_alone_is_transposed(tmp_path):
     _builder, network, _parser = _parsed(flavor, tmp_path / "g.onnx")
     kept = transpose_gemm_weights(flavor, network)
     layers = _matmuls(flavor, network)
-    ops = {name.removeprefix("node_") if name.startswith("node_") else name: layer.op1 for name, layer in layers.items()}
+    ops = {name.removeprefix("node_"): layer.op1 for name, layer in layers.items()}
     transposed = sorted(n for n, op in ops.items() if op == flavor.trt.MatrixOperation.TRANSPOSE)
     assert len(layers) == 6 and len(kept) == 1 and len(transposed) == 1 and "own" in transposed[0]
     mm = next(layer for name, layer in layers.items() if "own" in name)
@@ -95,3 +95,42 @@ def test_a_second_pass_changes_nothing(tmp_path):
     _builder, network, _parser = _parsed(flavor, tmp_path / "g.onnx")
     assert len(transpose_gemm_weights(flavor, network)) == 1
     assert transpose_gemm_weights(flavor, network) == []
+
+
+def _network(flavor):
+    builder = flavor.trt.Builder(trt.logger(flavor))
+    return builder, trt.strongly_typed_network(flavor, builder)
+
+
+def _gemm_on(flavor, network, weight_tensor, x_shape=(2, K)):
+    x = network.add_input(f"x{network.num_inputs}", flavor.trt.float16, x_shape)
+    none = flavor.trt.MatrixOperation.NONE
+    mm = network.add_matrix_multiply(x, none, weight_tensor, none)
+    network.mark_output(mm.get_output(0))
+    return mm
+
+
+def test_weights_left_alone_on_networks_made_by_hand():
+    """A 2-D activation on a constant read directly is transposed; a constant that is also a network
+    output, one behind a shuffle that only transposes, and one on input 0 are not."""
+    flavor = trt.load()
+    t = flavor.trt
+    w = np.arange(K * N, dtype=np.float16).reshape(K, N)
+    _builder, network = _network(flavor)
+    direct = _gemm_on(flavor, network, network.add_constant((K, N), w).get_output(0))
+    shown = network.add_constant((K, N), w.copy())
+    _gemm_on(flavor, network, shown.get_output(0))
+    network.mark_output(shown.get_output(0))
+    flip = network.add_shuffle(network.add_constant((N, K), np.ascontiguousarray(w.T)).get_output(0))
+    flip.first_transpose = (1, 0)
+    behind_flip = _gemm_on(flavor, network, flip.get_output(0))
+    first = network.add_constant((N, K), np.ascontiguousarray(w.T))
+    y = network.add_input("y", t.float16, (K, 2))
+    network.mark_output(network.add_matrix_multiply(first.get_output(0), t.MatrixOperation.NONE, y,
+                                                    t.MatrixOperation.NONE).get_output(0))
+    kept = transpose_gemm_weights(flavor, network)
+    assert len(kept) == 1 and np.array_equal(kept[0], w.T)
+    assert direct.op1 == t.MatrixOperation.TRANSPOSE and tuple(direct.get_input(1).shape) == (N, K)
+    assert tuple(shown.get_output(0).shape) == (K, N)  # the network output keeps its shape
+    assert tuple(flip.get_output(0).shape) == (K, N) and behind_flip.op1 == t.MatrixOperation.NONE
+    assert tuple(first.shape) == (N, K)

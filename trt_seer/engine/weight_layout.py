@@ -41,28 +41,37 @@ def _as(layer, cls):
 def _weight_source(trt, layer, producers, readers):
     """(constant layer, broadcast shuffle or None) when input 1 of the GEMM `layer` is a 2-D constant
     read by it alone, directly or through a shuffle that only prepends 1s (the ONNX parser's
-    broadcast of a MatMul weight); else None."""
+    broadcast of a MatMul weight), neither of them a network output; else None."""
+
+    def only_here(t) -> bool:
+        return readers.get(t.name) == 1 and not t.is_network_output
+
     t = layer.get_input(1)
     src = producers.get(t.name)
     shuffle = None
-    if src is not None and src.type == trt.LayerType.SHUFFLE and src.num_inputs == 1 and readers.get(t.name) == 1:
+    if src is not None and src.type == trt.LayerType.SHUFFLE and src.num_inputs == 1 and only_here(t):
         shuffle = _as(src, trt.IShuffleLayer)
         t = shuffle.get_input(0)
         src = producers.get(t.name)
-    if src is None or src.type != trt.LayerType.CONSTANT or readers.get(t.name) != 1:
+    if src is None or src.type != trt.LayerType.CONSTANT or not only_here(t):
         return None
     const = _as(src, trt.IConstantLayer)
     shape = tuple(const.shape)
     if len(shape) != 2 or min(shape) < 2:
         return None
-    if shuffle is not None:
-        ident = tuple(range(8))
-        dims = tuple(shuffle.reshape_dims)
-        if (tuple(shuffle.first_transpose)[:len(dims)] != ident[:len(dims)]
-                or tuple(shuffle.second_transpose)[:len(dims)] != ident[:len(dims)]
-                or dims[-2:] != shape or any(d != 1 for d in dims[:-2])):
-            return None
+    if shuffle is not None and not _only_prepends_ones(shuffle, shape):
+        return None
     return const, shuffle
+
+
+def _only_prepends_ones(shuffle, shape: tuple) -> bool:
+    """True when `shuffle` reshapes `shape` to (1, ..., 1, *shape) and permutes nothing."""
+    if shuffle.reshape_dims is None:  # no reshape: a transpose alone
+        return False
+    dims = tuple(shuffle.reshape_dims)
+    ident = tuple(range(len(dims)))
+    return (tuple(shuffle.first_transpose)[:len(dims)] == ident and tuple(shuffle.second_transpose)[:len(dims)] == ident
+            and dims[-2:] == shape and all(d == 1 for d in dims[:-2]))
 
 
 def transpose_gemm_weights(flavor, network) -> list[np.ndarray]:
