@@ -3,7 +3,7 @@ transposed multiply, and which keep their layout."""
 import numpy as np
 import pytest
 
-from trt_seer.engine import trt
+from trt_seer.engine import kv_outputs, trt
 from trt_seer.engine.weight_layout import transpose_gemm_weights
 
 pytestmark = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
@@ -63,7 +63,7 @@ def _matmuls(flavor, network) -> dict:
 
 def _constant_of(flavor, network, tensor):
     """The constant layer behind `tensor`, through the parser's broadcast shuffle."""
-    producers = {network.get_layer(i).get_output(0).name: network.get_layer(i) for i in range(network.num_layers)}
+    producers = kv_outputs.producers(network)
     layer = producers[tensor.name]
     if layer.type == flavor.trt.LayerType.SHUFFLE:
         layer = producers[layer.get_input(0).name]

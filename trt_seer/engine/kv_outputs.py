@@ -16,7 +16,8 @@ from trt_seer.errors import BuildError
 KV_OUTPUTS = "new"  # recorded in decoder engines' build settings (and so in their cache key)
 
 
-def _producers(network) -> dict:
+def producers(network) -> dict:
+    """{tensor name: the layer that produces it} over `network` (engine/weight_layout.py uses it too)."""
     out = {}
     for i in range(network.num_layers):
         layer = network.get_layer(i)
@@ -30,10 +31,10 @@ def mark_new_kv_outputs(flavor, network) -> int:
     BuildError when a `present` output is not the Concat of its past input and one other tensor."""
     presents = [t for t in (network.get_output(i) for i in range(network.num_outputs))
                 if t.name.startswith(PRESENT_PREFIX)]
-    producers = _producers(network) if presents else {}
+    producers_of = producers(network) if presents else {}
     for present in presents:
         suffix = present.name.removeprefix(PRESENT_PREFIX)
-        layer = producers.get(present.name)
+        layer = producers_of.get(present.name)
         if (layer is None or layer.type != flavor.trt.LayerType.CONCATENATION or layer.num_inputs != 2
                 or layer.get_input(0).name != PAST_PREFIX + suffix or layer.get_input(1).is_network_input):
             raise BuildError(f"{present.name} is not Concat({PAST_PREFIX}{suffix}, new) in the parsed "

@@ -16,21 +16,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from trt_seer.engine.kv_outputs import producers as producers_of
+
 WEIGHT_LAYOUT = "nk"  # recorded in decoder engines' cache key
 
 
-def _maps(network) -> tuple[dict, dict]:
-    """({tensor name: producing layer}, {tensor name: how many layer inputs read it})."""
-    producers, readers = {}, {}
+def _readers(network) -> dict:
+    """{tensor name: how many layer inputs read it}."""
+    readers = {}
     for i in range(network.num_layers):
         layer = network.get_layer(i)
-        for j in range(layer.num_outputs):
-            producers[layer.get_output(j).name] = layer
         for j in range(layer.num_inputs):
             t = layer.get_input(j)
             if t is not None:
                 readers[t.name] = readers.get(t.name, 0) + 1
-    return producers, readers
+    return readers
 
 
 def _as(layer, cls):
@@ -78,7 +78,7 @@ def transpose_gemm_weights(flavor, network) -> list[np.ndarray]:
     """Stores every eligible GEMM weight of `network` as [N, K] and sets the GEMM to transpose it
     (module docstring). Returns the new arrays, which must outlive the build."""
     trt = flavor.trt
-    producers, readers = _maps(network)
+    producers, readers = producers_of(network), _readers(network)
     kept = []
     for i in range(network.num_layers):
         layer = network.get_layer(i)
