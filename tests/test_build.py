@@ -102,15 +102,35 @@ def test_cache_key_covers_settings_and_flavor():
     assert base != cache_key("abc", BuildSpec(opt_level=5), flavor)
 
 
-def test_decoder_cache_key_records_the_weight_layout(monkeypatch):
-    """A decoder engine built before engine/weight_layout.py (or with another layout) is no cache hit."""
-    from trt_seer.engine import weight_layout
+@pytest.mark.parametrize("module,name", [("weight_layout", "WEIGHT_LAYOUT"), ("gemm_fusion", "GEMM_FUSION")])
+def test_decoder_cache_key_records_the_network_passes(monkeypatch, module, name):
+    """A decoder engine built before engine/weight_layout.py or gemm_fusion.py (or with another
+    version of them) is no cache hit; an encoder's key does not depend on them."""
+    import importlib
 
     flavor = trt.load()
     now = cache_key("abc", BuildSpec(), flavor, decoder=True)
-    monkeypatch.setattr(weight_layout, "WEIGHT_LAYOUT", "kn")
+    encoder = cache_key("abc", BuildSpec(), flavor)
+    monkeypatch.setattr(importlib.import_module(f"trt_seer.engine.{module}"), name, "another")
     assert cache_key("abc", BuildSpec(), flavor, decoder=True) != now
-    assert cache_key("abc", BuildSpec(), flavor) == cache_key("abc", BuildSpec(), flavor)  # encoders: no layout
+    assert cache_key("abc", BuildSpec(), flavor) == encoder
+
+
+def test_a_decoder_engine_from_earlier_network_passes_is_built_again(tmp_path, monkeypatch):
+    """The build's fast path (every engine up to date for this request) also asks that a decoder
+    engine's cache key be today's: after a pass changes, the same request builds the engine again."""
+    from trt_seer.build import _cache_hit
+    from trt_seer.cli import build_parser
+    from trt_seer.cli.build import request_from_args
+    from trt_seer.engine import gemm_fusion
+
+    ckpt = make_tiny_checkpoint("llama", "causal-lm", tmp_path / "ckpt")
+    args = ["build", "--model", str(ckpt), "--fp16", "--batch", "1,2,4", "--seq", "8,16,32", "--out", str(tmp_path / "out")]
+    build(*args[1:])
+    request = request_from_args(build_parser().parse_args(args))
+    assert set(_cache_hit(request)) == {"fp16"}
+    monkeypatch.setattr(gemm_fusion, "GEMM_FUSION", "another")
+    assert _cache_hit(request) is None
 
 
 @pytest.mark.parametrize("model_type,task", [("bert", "text-classification"), ("llama", "causal-lm"),
@@ -144,10 +164,11 @@ def test_tiny_family_fp16_engine(tmp_path, model_type, task):
         assert not [n for n in outs if n.startswith("present.")] and pasts
         for v in pasts:
             assert outs[new_of(v["name"])]["shape"] == v["shape"] and outs[new_of(v["name"])]["dtype"] == v["dtype"]
-        # every Linear's FP16 weight stored [N, K] (engine/weight_layout.py): 7 per layer + the LM head
-        assert m["build"]["gemm_weights_nk"] == 7 * 2 + 1
+        # every Linear's FP16 weight stored [N, K] (engine/weight_layout.py): 7 per layer + the LM head;
+        # k and v folded into q, up into gate (engine/gemm_fusion.py: small weights)
+        assert m["build"]["gemm_weights_nk"] == 7 * 2 + 1 and m["build"]["gemms_fused"] == 3 * 2
     else:
-        assert "gemm_weights_nk" not in m["build"]
+        assert "gemm_weights_nk" not in m["build"] and "gemms_fused" not in m["build"]
 
 
 @pytest.mark.skipif(not trt.available() or not trt.load().is_rtx, reason="compute-capability targets are TensorRT-RTX's")

@@ -3,6 +3,7 @@ transposed multiply, and which keep their layout."""
 import numpy as np
 import pytest
 
+from tiny import parsed_network
 from trt_seer.engine import kv_outputs, trt
 from trt_seer.engine.weight_layout import transpose_gemm_weights
 
@@ -43,14 +44,6 @@ def _graph(path):
     return own
 
 
-def _parsed(flavor, path):
-    builder = flavor.trt.Builder(trt.logger(flavor))
-    network = trt.strongly_typed_network(flavor, builder)
-    parser = flavor.trt.OnnxParser(network, builder.logger)
-    assert parser.parse_from_file(str(path))
-    return builder, network, parser
-
-
 def _matmuls(flavor, network) -> dict:
     out = {}
     for i in range(network.num_layers):
@@ -73,9 +66,8 @@ def _constant_of(flavor, network, tensor):
 
 
 def test_only_a_weight_read_by_one_gemm_alone_is_transposed(tmp_path):
-    flavor = trt.load()
     own = _graph(tmp_path / "g.onnx")
-    _builder, network, _parser = _parsed(flavor, tmp_path / "g.onnx")
+    flavor, _builder, network, _parser = parsed_network(tmp_path / "g.onnx")
     kept = transpose_gemm_weights(flavor, network)
     layers = _matmuls(flavor, network)
     ops = {name.removeprefix("node_"): layer.op1 for name, layer in layers.items()}
@@ -90,9 +82,8 @@ def test_only_a_weight_read_by_one_gemm_alone_is_transposed(tmp_path):
 
 def test_a_second_pass_changes_nothing(tmp_path):
     """A GEMM that already transposes its weight is left alone (the pass is not a toggle)."""
-    flavor = trt.load()
     _graph(tmp_path / "g.onnx")
-    _builder, network, _parser = _parsed(flavor, tmp_path / "g.onnx")
+    flavor, _builder, network, _parser = parsed_network(tmp_path / "g.onnx")
     assert len(transpose_gemm_weights(flavor, network)) == 1
     assert transpose_gemm_weights(flavor, network) == []
 

@@ -107,3 +107,16 @@ def make_tiny_checkpoint(model_type: str, task: str, dest: Path, *, seed: int = 
     dest.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dest)
     return dest
+
+
+def parsed_network(path: Path):
+    """(flavor, builder, network, parser): the ONNX file at `path` parsed into a strongly typed
+    network by the TensorRT flavor here (the builder and parser own the network: keep them)."""
+    from trt_seer.engine import trt
+
+    flavor = trt.load()
+    builder = flavor.trt.Builder(trt.logger(flavor))
+    network = trt.strongly_typed_network(flavor, builder)
+    parser = flavor.trt.OnnxParser(network, builder.logger)
+    assert parser.parse_from_file(str(path))
+    return flavor, builder, network, parser

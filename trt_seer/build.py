@@ -220,8 +220,20 @@ def _cache_hit(request: BuildRequest) -> dict | None:
             return None
         if "decoder" in m and not _sampler_beside(engine, m):
             return None  # a decoder's build ends with its device sampler
+        if "decoder" in m and not _same_network_passes(request, p, m):
+            return None
         hit[p] = m
     return hit
+
+
+def _same_network_passes(request: BuildRequest, precision: str, m: dict) -> bool:
+    """The decoder engine's cache key is the one today's network passes give its graph
+    (engine/build.decoder_passes: an engine built before a pass changed is built again)."""
+    from trt_seer.engine import trt
+    from trt_seer.engine.build import cache_key
+
+    key = cache_key(m["onnx"]["sha256"], request.engine_spec(precision), trt.load(), decoder=True)
+    return m["build"].get("key") == key
 
 
 def _sampler_beside(engine: Path, m: dict) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.engine import kv_outputs, manifest, profiles, weight_layout
+from trt_seer.engine import gemm_fusion, kv_outputs, manifest, profiles, weight_layout
 from trt_seer.export import onnxio
 from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import BuildError
@@ -49,13 +49,20 @@ class BuildSpec:
         return d
 
 
+def decoder_passes() -> dict:
+    """What a decoder's parsed network is changed by before the build (engine/kv_outputs.py,
+    weight_layout.py, gemm_fusion.py): part of its engine's cache key."""
+    return {"kv_outputs": kv_outputs.KV_OUTPUTS, "weight_layout": weight_layout.WEIGHT_LAYOUT,
+            "gemm_fusion": gemm_fusion.GEMM_FUSION}
+
+
 def cache_key(onnx_sha: str, spec: BuildSpec, flavor: trt_adapter.Flavor, decoder: bool = False) -> str:
-    """Engine cache key: ONNX hash + build settings + TensorRT flavor and version + targets (+ the
-    cache outputs a decoder's engine gives, engine/kv_outputs.py)."""
+    """Engine cache key: ONNX hash + build settings + TensorRT flavor and version + targets (+ a
+    decoder's network passes, decoder_passes)."""
     targets = trt_adapter.target_description(flavor, spec.hardware_compat, spec.compute_caps)
     if targets["mode"] in trt_adapter.NEEDS_BUILD_GPU:  # an engine for another GPU is no cache hit
         targets = trt_adapter.with_build_gpu(targets, trt_adapter.build_gpu())
-    extra = {"kv_outputs": kv_outputs.KV_OUTPUTS, "weight_layout": weight_layout.WEIGHT_LAYOUT} if decoder else {}
+    extra = decoder_passes() if decoder else {}
     return sha256_json({"onnx": onnx_sha, "settings": spec.settings(), **flavor.describe(),
                         "targets": targets, **extra})
 
@@ -174,7 +181,10 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
     builder = flavor.trt.Builder(trt_logger)
     network, _parser = _parse(flavor, builder, Path(onnx_path))
     decoder = kv_outputs.mark_new_kv_outputs(flavor, network) > 0
-    transposed = weight_layout.transpose_gemm_weights(flavor, network) if decoder else []  # read until serialized
+    gemms = weight_layout.transposed_gemms(flavor, network) if decoder else []
+    kept, fused = gemm_fusion.fuse_shared_input_gemms(flavor, network, gemms)  # read until serialized
+    nk_gemms = len(gemms)
+    del gemms  # the folded GEMMs' own [N, K] arrays go
     with sigint_flag() as interrupted:
         trt_logger.cancelled = interrupted.is_set
         config, targets, _monitor = _config(flavor, builder, network, spec, timing_cache, interrupted.is_set)
@@ -188,8 +198,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
 
         _serialize(flavor, builder, network, config, Path(engine_path), failed)
         seconds = time.perf_counter() - start
-    nk_gemms = len(transposed)
-    del transposed
+    del kept
     if timing_cache is not None and flavor.has_timing_cache:
         atomic_write_bytes(timing_cache, bytes(memoryview(config.get_timing_cache().serialize())))
     data = {
@@ -202,7 +211,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
         "profiles": [spec.profile.to_dict()], "io": _io(flavor, network),
         "optimization_profiles": profiles.describe(network_profiles(network, spec)),
         "build": {"key": cache_key(onnx_sha, spec, flavor, decoder), "settings": spec.settings(),
-                  **({"gemm_weights_nk": nk_gemms} if decoder else {}),
+                  **({"gemm_weights_nk": nk_gemms, "gemms_fused": fused} if decoder else {}),
                   "seconds": round(seconds, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "timing_cache": str(timing_cache.name) if timing_cache and flavor.has_timing_cache else None},
         **(extra or {}),

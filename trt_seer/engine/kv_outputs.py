@@ -17,12 +17,24 @@ KV_OUTPUTS = "new"  # recorded in decoder engines' build settings (and so in the
 
 
 def producers(network) -> dict:
-    """{tensor name: the layer that produces it} over `network` (engine/weight_layout.py uses it too)."""
+    """{tensor name: the layer that produces it} over `network`."""
     out = {}
     for i in range(network.num_layers):
         layer = network.get_layer(i)
         for j in range(layer.num_outputs):
             out[layer.get_output(j).name] = layer
+    return out
+
+
+def readers(network) -> dict:
+    """{tensor name: [(layer, input index), ...]}: every layer input that reads it, over `network`."""
+    out = {}
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        for j in range(layer.num_inputs):
+            t = layer.get_input(j)
+            if t is not None:
+                out.setdefault(t.name, []).append((layer, j))
     return out
 
 

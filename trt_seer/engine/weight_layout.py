@@ -14,23 +14,14 @@ caller keeps the returned list alive until then (about the FP16 weights' size in
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from trt_seer.engine.kv_outputs import producers as producers_of
+from trt_seer.engine.kv_outputs import readers as readers_of
 
 WEIGHT_LAYOUT = "nk"  # recorded in decoder engines' cache key
-
-
-def _readers(network) -> dict:
-    """{tensor name: how many layer inputs read it}."""
-    readers = {}
-    for i in range(network.num_layers):
-        layer = network.get_layer(i)
-        for j in range(layer.num_inputs):
-            t = layer.get_input(j)
-            if t is not None:
-                readers[t.name] = readers.get(t.name, 0) + 1
-    return readers
 
 
 def _as(layer, cls):
@@ -44,7 +35,7 @@ def _weight_source(trt, layer, producers, readers):
     broadcast of a MatMul weight), neither of them a network output; else None."""
 
     def only_here(t) -> bool:
-        return readers.get(t.name) == 1 and not t.is_network_output
+        return len(readers.get(t.name, ())) == 1 and not t.is_network_output
 
     t = layer.get_input(1)
     src = producers.get(t.name)
@@ -74,12 +65,20 @@ def _only_prepends_ones(shuffle, shape: tuple) -> bool:
             and dims[-2:] == shape and all(d == 1 for d in dims[:-2]))
 
 
-def transpose_gemm_weights(flavor, network) -> list[np.ndarray]:
+class Gemm(NamedTuple):
+    """A GEMM whose weight this module stored [N, K]: the layers and the new array."""
+    mm: object  # IMatrixMultiplyLayer, op1 TRANSPOSE
+    const: object  # IConstantLayer holding `weights`
+    shuffle: object  # the parser's broadcast IShuffleLayer, or None
+    weights: np.ndarray  # [N, K] float16
+
+
+def transposed_gemms(flavor, network) -> list[Gemm]:
     """Stores every eligible GEMM weight of `network` as [N, K] and sets the GEMM to transpose it
-    (module docstring). Returns the new arrays, which must outlive the build."""
+    (module docstring). Returns them; their arrays must outlive the build."""
     trt = flavor.trt
-    producers, readers = producers_of(network), _readers(network)
-    kept = []
+    producers, readers = producers_of(network), readers_of(network)
+    done = []
     for i in range(network.num_layers):
         layer = network.get_layer(i)
         if layer.type != trt.LayerType.MATRIX_MULTIPLY:
@@ -96,11 +95,21 @@ def transpose_gemm_weights(flavor, network) -> list[np.ndarray]:
             continue
         k, n = tuple(const.shape)
         nk = np.ascontiguousarray(w.reshape(k, n).T)
-        const.shape = (n, k)
-        const.weights = nk
-        if shuffle is not None:
-            dims = tuple(shuffle.reshape_dims)
-            shuffle.reshape_dims = dims[:-2] + (n, k)
+        set_weight(const, shuffle, nk)
         mm.op1 = trt.MatrixOperation.TRANSPOSE
-        kept.append(nk)
-    return kept
+        done.append(Gemm(mm, const, shuffle, nk))
+    return done
+
+
+def set_weight(const, shuffle, weights: np.ndarray) -> None:
+    """Gives the constant layer `weights` (2-D) and the broadcast shuffle behind it, if any, their shape."""
+    const.shape = weights.shape
+    const.weights = weights
+    if shuffle is not None:
+        dims = tuple(shuffle.reshape_dims)
+        shuffle.reshape_dims = dims[:-2] + tuple(weights.shape)
+
+
+def transpose_gemm_weights(flavor, network) -> list[np.ndarray]:
+    """`transposed_gemms`' new arrays alone, which must outlive the build."""
+    return [g.weights for g in transposed_gemms(flavor, network)]
