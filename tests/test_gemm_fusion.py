@@ -97,3 +97,19 @@ def test_a_fused_network_builds_an_engine(tmp_path):
     config.add_optimization_profile(profile)
     blob = builder.build_serialized_network(network, config)
     assert folded == 2 and blob is not None and blob.nbytes > 0
+
+
+def test_gemms_reading_the_activation_differently_stay_apart():
+    """Two GEMMs on one input, one of them reading it transposed: not one GEMM."""
+    flavor = trt.load()
+    t = flavor.trt
+    builder = t.Builder(trt.logger(flavor))
+    network = trt.strongly_typed_network(flavor, builder)
+    x = network.add_input("x", t.float16, (K, K))
+    for op0 in (t.MatrixOperation.NONE, t.MatrixOperation.TRANSPOSE):
+        w = network.add_constant((K, 4), np.ones((K, 4), np.float16)).get_output(0)
+        y = network.add_matrix_multiply(x, op0, w, t.MatrixOperation.NONE).get_output(0)
+        network.mark_output(network.add_activation(y, t.ActivationType.RELU).get_output(0))
+    gemms = transposed_gemms(flavor, network)
+    assert len(gemms) == 2
+    assert gemm_fusion.fuse_shared_input_gemms(flavor, network, gemms)[1] == 0

@@ -25,11 +25,12 @@ GEMM_FUSION = f"shared-input<={MAX_STACKED_BYTES}"  # recorded in decoder engine
 
 
 def _groups(gemms: list[Gemm]) -> list[list[Gemm]]:
-    """The GEMMs sharing input 0 and K, two or more, in network order, whose weights together hold at
-    most MAX_STACKED_BYTES; none whose output is a network output or whose broadcast differs."""
+    """The GEMMs sharing input 0 (and how they read it) and K, two or more, in network order, whose
+    weights together hold at most MAX_STACKED_BYTES; none whose output is a network output or whose
+    broadcast differs."""
     by_input = {}
     for g in gemms:
-        key = (g.mm.get_input(0).name, g.weights.shape[1], g.shuffle is None,
+        key = (g.mm.get_input(0).name, str(g.mm.op0), g.weights.shape[1], g.shuffle is None,
                None if g.shuffle is None else tuple(g.shuffle.reshape_dims)[:-2])
         by_input.setdefault(key, []).append(g)
     return [group for group in by_input.values()
