@@ -5,7 +5,7 @@ import pytest
 
 from tiny import parsed_network
 from trt_seer.engine import kv_outputs, trt
-from trt_seer.engine.weight_layout import transpose_gemm_weights
+from trt_seer.engine.weight_layout import transposed_gemms
 
 pytestmark = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
 K, N = 8, 16
@@ -68,7 +68,7 @@ def _constant_of(flavor, network, tensor):
 def test_only_a_weight_read_by_one_gemm_alone_is_transposed(tmp_path):
     own = _graph(tmp_path / "g.onnx")
     flavor, _builder, network, _parser = parsed_network(tmp_path / "g.onnx")
-    kept = transpose_gemm_weights(flavor, network)
+    kept = [g.weights for g in transposed_gemms(flavor, network)]
     layers = _matmuls(flavor, network)
     ops = {name.removeprefix("node_"): layer.op1 for name, layer in layers.items()}
     transposed = sorted(n for n, op in ops.items() if op == flavor.trt.MatrixOperation.TRANSPOSE)
@@ -84,8 +84,8 @@ def test_a_second_pass_changes_nothing(tmp_path):
     """A GEMM that already transposes its weight is left alone (the pass is not a toggle)."""
     _graph(tmp_path / "g.onnx")
     flavor, _builder, network, _parser = parsed_network(tmp_path / "g.onnx")
-    assert len(transpose_gemm_weights(flavor, network)) == 1
-    assert transpose_gemm_weights(flavor, network) == []
+    assert len(transposed_gemms(flavor, network)) == 1
+    assert transposed_gemms(flavor, network) == []
 
 
 def _network(flavor):
@@ -119,7 +119,7 @@ def test_weights_left_alone_on_networks_made_by_hand():
     y = network.add_input("y", t.float16, (K, 2))
     network.mark_output(network.add_matrix_multiply(first.get_output(0), t.MatrixOperation.NONE, y,
                                                     t.MatrixOperation.NONE).get_output(0))
-    kept = transpose_gemm_weights(flavor, network)
+    kept = [g.weights for g in transposed_gemms(flavor, network)]
     assert len(kept) == 1 and np.array_equal(kept[0], w.T)
     assert direct.op1 == t.MatrixOperation.TRANSPOSE and tuple(direct.get_input(1).shape) == (N, K)
     assert tuple(shown.get_output(0).shape) == (K, N)  # the network output keeps its shape

@@ -10,7 +10,7 @@ the exporter's layout. Weights behind a DequantizeLinear (weight-only INT8/INT4)
 here and keep theirs.
 
 The transposed copies are new host arrays that TensorRT reads until the engine is serialized: the
-caller keeps the returned list alive until then (about the FP16 weights' size in RAM).
+caller keeps the returned GEMMs' arrays alive until then (about the FP16 weights' size in RAM).
 """
 from __future__ import annotations
 
@@ -109,7 +109,3 @@ def set_weight(const, shuffle, weights: np.ndarray) -> None:
         dims = tuple(shuffle.reshape_dims)
         shuffle.reshape_dims = dims[:-2] + tuple(weights.shape)
 
-
-def transpose_gemm_weights(flavor, network) -> list[np.ndarray]:
-    """`transposed_gemms`' new arrays alone, which must outlive the build."""
-    return [g.weights for g in transposed_gemms(flavor, network)]
