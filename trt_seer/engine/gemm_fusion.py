@@ -30,7 +30,7 @@ def _groups(gemms: list[Gemm]) -> list[list[Gemm]]:
     broadcast differs."""
     by_input = {}
     for g in gemms:
-        key = (g.mm.get_input(0).name, str(g.mm.op0), g.weights.shape[1], g.shuffle is None,
+        key = (g.mm.get_input(0).name, str(g.mm.op0), g.weights.shape[1],
                None if g.shuffle is None else tuple(g.shuffle.reshape_dims)[:-2])
         by_input.setdefault(key, []).append(g)
     return [group for group in by_input.values()
