@@ -229,11 +229,9 @@ def _cache_hit(request: BuildRequest) -> dict | None:
 def _same_network_passes(request: BuildRequest, precision: str, m: dict) -> bool:
     """The decoder engine's cache key is the one today's network passes give its graph
     (engine/build.decoder_passes: an engine built before a pass changed is built again)."""
-    from trt_seer.engine import trt
-    from trt_seer.engine.build import cache_key
+    from trt_seer.engine.build import decoder_engine_key
 
-    key = cache_key(m["onnx"]["sha256"], request.engine_spec(precision), trt.load(), decoder=True)
-    return m["build"].get("key") == key
+    return m["build"].get("key") == decoder_engine_key(m["onnx"]["sha256"], request.engine_spec(precision))
 
 
 def _sampler_beside(engine: Path, m: dict) -> bool:

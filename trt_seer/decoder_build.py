@@ -127,12 +127,11 @@ def _fp16_graph(info, art: Artifacts, request, stages) -> dict:
 
 
 def _engine_current(art: Artifacts, record: dict, request, precision: str) -> bool:
-    from trt_seer.engine import trt
-    from trt_seer.engine.build import cache_key
+    from trt_seer.engine.build import decoder_engine_key
     from trt_seer.records import up_to_date
 
     engine = art.path(f"{precision}.engine")
-    key = cache_key(record["sha256"], request.engine_spec(precision), trt.load(), decoder=True)
+    key = decoder_engine_key(record["sha256"], request.engine_spec(precision))
     return up_to_date(engine, manifest.engine_manifest_path(engine), key) is not None
 
 
