@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from trt_seer.runtime.generate import Sampling
-from trt_seer.runtime.sampling import DRAWS, choose, draws, nucleus_draw
+from trt_seer.runtime import sampling as sampling_mod
+from trt_seer.runtime.sampling import DRAWS, choose, draws, nucleus_draw, numpy_draw
+
+COMPILED = pytest.mark.skipif(sampling_mod._nucleus is None, reason="trt_seer was installed without its C extension "
+                              "(runtime/_nucleus.c: no C compiler or Python headers at install): numpy draws")
+DRAWERS = [pytest.param(nucleus_draw, id="compiled", marks=COMPILED), pytest.param(numpy_draw, id="numpy")]
 
 
 def reference_draw(logits, temperature, top_p, u):
@@ -46,10 +51,11 @@ def lm_like_logits(rng, batch, vocab, spread):
     return logits
 
 
+@pytest.mark.parametrize("draw", DRAWERS)
 @pytest.mark.parametrize("spread", [0.0, 6.0, 15.0, 40.0])  # flat .. peaked
 @pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9),
                                 dict(temperature=0.5, top_p=0.5), dict(temperature=1.2, top_p=0.05)])
-def test_the_draw_is_the_full_sort_references_for_the_same_numbers(kw, spread):
+def test_the_draw_is_the_full_sort_references_for_the_same_numbers(kw, spread, draw):
     """Same uniform numbers, same tokens, over 8 x 10 draws on a 32k vocabulary (float32 rounding
     may move a boundary between two tokens: at most one draw in a hundred). top_p 0.05 on flat
     logits sends most rows through the exact fallback (no candidate in the nucleus)."""
@@ -59,10 +65,60 @@ def test_the_draw_is_the_full_sort_references_for_the_same_numbers(kw, spread):
     for _ in range(10):
         logits = lm_like_logits(rng, 8, 32000, spread)
         u = draws(uniforms, 8)
-        got.append(nucleus_draw(logits, np.float32(1 / sampling.temperature), sampling.top_p, u))
+        got.append(draw(logits, np.float32(1 / sampling.temperature), sampling.top_p, u))
         want.append(reference_draw(logits, sampling.temperature, sampling.top_p, u))
     same = np.mean(np.concatenate(got) == np.concatenate(want))
     assert same >= 0.99, f"{same:.3f} of draws agree"
+
+
+@COMPILED
+@pytest.mark.parametrize("vocab", [32000, 5000, 32064, 100])  # whole blocks of 256, a remainder, less than one
+def test_the_compiled_draw_gives_numpys_tokens(vocab):
+    """runtime/_nucleus.c against the numpy draw, same numbers: the same token but where float32
+    rounding moves a boundary (at most one draw in a hundred), on flat to peaked logits."""
+    rng = np.random.default_rng(vocab)
+    got, want = [], []
+    for spread in (0.0, 4.0, 12.0, 30.0):
+        for temperature, top_p in [(0.8, 0.9), (1.0, 1.0), (0.5, 0.3)]:
+            logits = lm_like_logits(rng, 16, vocab, spread)
+            u = draws(rng, 16)
+            got.append(nucleus_draw(logits, np.float32(1 / temperature), top_p, u))
+            want.append(numpy_draw(logits, np.float32(1 / temperature), top_p, u))
+    same = np.mean(np.concatenate(got) == np.concatenate(want))
+    assert same >= 0.99, f"{same:.3f} of draws agree"
+
+
+@COMPILED
+def test_rows_the_compiled_draw_leaves_go_to_numpy():
+    """The C loop marks a row with a NaN or +inf logit, or none above -inf, -2 and a row where no
+    candidate fell inside the nucleus -1; nucleus_draw gives both to the numpy draw, whose tokens
+    they then are: a NaN logit is never drawn, +inf logits are the only ones drawn, a row of -inf
+    gives greedy's token. A -inf logit weighs nothing on both paths. Bad arrays are refused with
+    the argument's name."""
+    rng = np.random.default_rng(4)
+    logits = lm_like_logits(rng, 7, 3000, 0.0)
+    logits[1, :] = 5.0
+    logits[1, 7], logits[2, 9], logits[6] = np.nan, np.inf, -np.inf
+    u = draws(rng, 7)
+    u[3] = 0.999  # flat logits, top_p 0.05: every candidate at the top of the CDF, outside a tiny nucleus
+    out = np.empty(7, np.int64)
+    work, cum = np.empty(3000, np.float32), np.empty(12, np.float64)
+    sampling_mod._nucleus.draw(logits, u, np.log2(np.e), 0.05, work, cum, out)
+    assert list(out[[1, 2, 3, 6]]) == [-2, -2, -1, -2] and (out[[0, 4, 5]] >= -1).all()
+    tokens = nucleus_draw(logits, np.float32(1.0), 0.05, u)
+    assert (tokens[[1, 2, 3, 6]] == numpy_draw(logits[[1, 2, 3, 6]], np.float32(1.0), 0.05, u[[1, 2, 3, 6]])).all()
+    assert tokens[1] != 7 and tokens[2] == 9 and tokens[6] == 0
+    nan_row = np.repeat(logits[1:2], 300, 0)
+    assert 7 not in set(numpy_draw(nan_row, np.float32(1.0), 1.0, draws(rng, 300)))
+
+    masked = np.where(np.arange(3000) % 7 == 0, logits[0], -np.inf)[None].repeat(400, 0)
+    for draw in (nucleus_draw, numpy_draw):
+        picks = draw(masked, np.float32(1.0), 0.9, draws(rng, 400))
+        assert (picks % 7 == 0).all() and len(set(picks)) > 100
+    with pytest.raises(ValueError, match="uniforms"):
+        sampling_mod._nucleus.draw(logits, u.astype(np.float64), 1.0, 0.9, work, cum, out)
+    with pytest.raises(ValueError, match="shapes"):
+        sampling_mod._nucleus.draw(logits, u, 1.0, 0.9, work[:100], cum, out)
 
 
 @pytest.mark.parametrize("shift", [300.0, -400.0, 60.0])

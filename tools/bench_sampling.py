@@ -10,7 +10,9 @@ greedy is what the target (top-p <= 1.25x greedy per token) reads. The choice al
 against the previous full float64 sort of the vocabulary, and on synthetic "trained-LM" logits (a
 few strong candidates over a flat tail): a random model's logits are nearly flat, the costliest case.
 A control row, greedy with a 0.5 ms busy wait after each choice, shows what any pause of that
-length between two steps costs the next ONNX Runtime step on the machine at hand.
+length between two steps costs the next ONNX Runtime step on the machine at hand. Top-p draws in
+runtime/_nucleus.c's compiled loops where the install built them; the "numpy draw" row times the
+numpy path that installs without a C compiler take, in the same run.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ SHAPE = dict(vocab_size=32000, hidden_size=64, intermediate_size=128, num_hidden
              num_key_value_heads=2, max_position_embeddings=1024)
 MODES = {"greedy": dict(), "top-p 0.9, T 0.8": dict(temperature=0.8, top_p=0.9),
          "top-k 50, T 0.8": dict(temperature=0.8, top_k=50), "T 1.0 (no cut)": dict(temperature=1.0)}
+NUMPY = "top-p 0.9, T 0.8 (numpy draw)"  # the draw of an install without the C extension
 PAUSED = "greedy, then a 0.5 ms busy wait"  # a control row: what any half-millisecond between steps costs the next step
 PAUSE_S = 0.0005
 
@@ -63,12 +66,23 @@ def full_sort_ms(logits, sampling, rng) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def peaked_choice_ms(batch: int, sampling, repeats: int = 30) -> float:
+def numpy_choice(logits, sampling, rng):
+    """`choose` for top-p without top-k, drawn by the numpy path."""
+    import numpy as np
+
+    from trt_seer.runtime.sampling import draws, numpy_draw
+
+    return numpy_draw(np.asarray(logits, np.float32), np.float32(1 / sampling.temperature), sampling.top_p,
+                      draws(rng, len(logits)))
+
+
+def peaked_choice_ms(batch: int, sampling, chooser=None, repeats: int = 30) -> float:
     """Median choice time on logits with 8 strong candidates (+8 to +16) over a N(0, 1) tail."""
     import numpy as np
 
     from trt_seer.runtime.sampling import choose
 
+    choose = chooser or choose
     rng = np.random.default_rng(1)
     logits = rng.standard_normal((batch, SHAPE["vocab_size"])).astype(np.float32)
     logits[:, rng.integers(0, SHAPE["vocab_size"], 8)] += 8 + 8 * rng.random((batch, 8)).astype(np.float32)
@@ -88,31 +102,35 @@ def measure(step, batch: int, prompt: int, new: int, repeats: int) -> dict[str, 
     from trt_seer.runtime.generate import Sampling
 
     samplings = {mode: (Sampling(**kw), np.random.default_rng(0)) for mode, kw in MODES.items()}
+    samplings[NUMPY] = (samplings["top-p 0.9, T 0.8"][0], np.random.default_rng(0))
     samplings[PAUSED] = samplings["greedy"]
     times = {mode: ([], [], []) for mode in samplings}  # step ms, choice ms, full-sort ms
     for r in range(repeats + 1):  # the first round warms up and is dropped
         for mode, (sampling, rng) in samplings.items():
             ids = np.random.default_rng(r).integers(3, 32000, (batch, prompt))
             _decode(step, ids, new, sampling, rng, times[mode] if r else None, full_sort=r == 1,
-                    pause=PAUSE_S if mode == PAUSED else 0.0)
+                    pause=PAUSE_S if mode == PAUSED else 0.0, chooser=numpy_choice if mode == NUMPY else None)
     rows = {}
     for mode, (step_ms, choice_ms, old_ms) in times.items():
         s, c = statistics.median(step_ms), statistics.median(choice_ms)
         rows[mode] = {"step_ms": s, "choice_ms": c, "per_token_ms": (s + c) / batch,
                       "full_sort_ms": statistics.median(old_ms) if old_ms else None,
-                      "peaked_choice_ms": peaked_choice_ms(batch, samplings[mode][0])}
+                      "peaked_choice_ms": peaked_choice_ms(batch, samplings[mode][0],
+                                                           numpy_choice if mode == NUMPY else None)}
         print(mode, rows[mode], flush=True)
     return rows
 
 
-def _decode(step, ids, new: int, sampling, rng, times, full_sort: bool, pause: float = 0.0) -> None:
+def _decode(step, ids, new: int, sampling, rng, times, full_sort: bool, pause: float = 0.0, chooser=None) -> None:
     """`new` decode steps after the prompt `ids`; appends (step, choice, full sort) ms to `times`.
-    `pause`: seconds of busy waiting after each choice, counted in it (the control row)."""
+    `pause`: seconds of busy waiting after each choice, counted in it (the control row); `chooser`:
+    instead of runtime/sampling.choose."""
     import numpy as np
 
     from trt_seer.decoder_io import position_ids
     from trt_seer.runtime.sampling import choose
 
+    choose = chooser or choose
     batch = len(ids)
     mask = np.ones_like(ids)
     step.reset(batch)
@@ -163,11 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         from trt_seer.bench.host import machine_text
         from trt_seer.bench.report import append_benchmark
 
+        from trt_seer.runtime import sampling
+
+        drawn = ("the compiled draw (runtime/_nucleus.c)" if sampling._nucleus is not None
+                 else "the numpy draw (this install has no C extension)")
         body = (f"Tiny Llama (random init, 2 layers, hidden 64, vocabulary 32,000), ONNX Runtime FP32 on the CPU, "
                 f"batch {args.batch}, {args.new_tokens} decode steps after a {args.prompt}-token prompt, median of "
                 f"{args.repeats} runs per part, the modes taking turns within each run. Per token = (step + choice) / "
                 f"batch. The last row is greedy with a {PAUSE_S * 1e3:.1f} ms busy wait after each choice: what a "
-                f"pause of that length between steps costs the next step here.\n\n{text}\n")
+                f"pause of that length between steps costs the next step here. Top-p rows: {drawn}, but the "
+                f"one marked numpy draw.\n\n{text}\n")
         append_benchmark(args.append, "Next-token choice vs greedy", "python " + " ".join(sys.argv), machine_text(),
                          body)
     return 0

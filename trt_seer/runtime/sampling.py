@@ -13,7 +13,10 @@ gives the same tokens on every path. No row's vocabulary is sorted. Temperature 
   same inverse CDF over the nucleus alone, at u_0.
 That is exact top-p sampling (rejection: each candidate is a draw from the whole distribution, kept
 when it falls in the nucleus), at the cost of a few passes over the vocabulary: the weights, their
-block sums, and one comparison per candidate. The device sampler (export/sampler.py) draws the same
+block sums, and one comparison per candidate. Where the package was built with a C compiler the
+draw runs in compiled loops (runtime/_nucleus.c, row by row, the row's weights kept in cache;
+tokens equal up to float32 rounding); else, and for rows it leaves (non-finite logits, or no
+candidate inside), in numpy over the batch. The device sampler (export/sampler.py) draws the same
 token for the same numbers, up to float32 rounding. With top-k, the tokens at or above the k-th
 highest block maximum (about k) are the only ones sorted; the k likeliest of them (ties: lower id)
 are drawn by inverse CDF, likeliest first, at u_0.
@@ -23,6 +26,11 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+
+try:
+    from trt_seer.runtime import _nucleus  # setup.py's optional extension
+except ImportError:  # an install without a C compiler: numpy draws, the same tokens, slower
+    _nucleus = None
 
 DRAWS = 8  # uniform numbers per row per step: the candidates before the exact fallback
 BLOCK = 256  # tokens per block of the inverse CDF: a search over block sums, then a running sum inside one block
@@ -58,11 +66,28 @@ def draws(rng: np.random.Generator, batch: int) -> np.ndarray:
 
 def nucleus_draw(logits: np.ndarray, inverse: np.float32, top_p: float, u: np.ndarray) -> np.ndarray:
     """The module docstring's draw: (batch,) int64 from logits (batch, vocab) float32 and u (batch, DRAWS)."""
+    if _nucleus is None:
+        return numpy_draw(logits, inverse, top_p, u)
+    logits, u = np.ascontiguousarray(logits, np.float32), np.ascontiguousarray(u, np.float32)
+    out = np.empty(len(logits), np.int64)
+    vocab = logits.shape[1]
+    _nucleus.draw(logits, u, float(inverse) * np.log2(np.e), float(top_p), _buffer("row", (vocab,)),
+                  _buffer("cum", (-(-vocab // BLOCK),), np.float64), out)
+    left = np.flatnonzero(out < 0)  # rare: no candidate inside the nucleus, or logits not finite
+    if len(left):
+        out[left] = numpy_draw(logits[left], inverse, top_p, u[left])
+    return out
+
+
+def numpy_draw(logits: np.ndarray, inverse: np.float32, top_p: float, u: np.ndarray) -> np.ndarray:
+    """`nucleus_draw` in numpy over the whole batch: a few passes over the vocabulary per step."""
     batch, vocab = logits.shape
     e, cum = _weights(logits, inverse)  # (batch, blocks * BLOCK) float32, (batch, blocks) float64
     total = cum[:, -1]
     out = np.empty(batch, np.int64)
-    rows = np.arange(batch)
+    none = ~(total > 0)  # no logit above -inf (or all NaN): the token greedy decoding takes
+    out[none] = np.argmax(logits[none], axis=-1)
+    rows = np.flatnonzero(~none)
     for j in range(u.shape[1]):
         token = _invert(e, cum, rows, u[rows, j] * total[rows], vocab)
         if top_p >= 1:
@@ -95,11 +120,18 @@ def _weights(logits: np.ndarray, inverse: np.float32):
         sums = _block_sums(e)
     far = ~((sums[:, -1] >= 2.0 ** -60) & (sums[:, -1] <= 2.0 ** 100))  # also NaN: an overflowed block
     if far.any():
-        rows = logits[far]
-        shifted = (rows - rows.max(axis=-1, keepdims=True)) * scale
-        e[far, :vocab] = np.exp2(shifted)
+        e[far, :vocab] = np.exp2(_shifted(logits[far]) * scale)
         sums[far] = _block_sums(e[far])
     return e, sums
+
+
+def _shifted(rows: np.ndarray) -> np.ndarray:
+    """Rows less their best logit. A NaN logit is never drawn (-inf); where a row has +inf logits,
+    those alone are (0, the rest -inf); a row with nothing above -inf is NaN throughout."""
+    rows = np.where(np.isnan(rows), -np.inf, rows)
+    best = rows.max(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):  # -inf less -inf: NaN, as the docstring says
+        return np.where(best == np.inf, np.where(rows == np.inf, 0.0, -np.inf), rows - best).astype(np.float32)
 
 
 def _block_sums(e: np.ndarray) -> np.ndarray:
