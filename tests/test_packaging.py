@@ -58,16 +58,56 @@ def test_the_test_venv_imports_this_environments_packages(tmp_path):
     assert origins == [importlib.util.find_spec(m).origin for m in names]
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """The wheel of a copy of this tree (setuptools writes build/ and *.egg-info where it builds)."""
-    tmp = tmp_path_factory.mktemp("wheel")
+def build_wheel(tmp: Path, env: dict | None = None) -> Path:
+    """The wheel of a copy of this tree (setuptools writes build/ and *.egg-info where it builds;
+    an extension built in place by an editable install is left behind)."""
     src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", "engines", "out"))
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp, src])
+        ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", "engines", "out", "*.so"))
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp, src], env=env)
     (whl,) = tmp.glob("trt_seer-*.whl")
     return whl
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def test_wheel_carries_the_compiled_draw_where_this_install_has_it(wheel):
+    """setup.py's optional extension (runtime/_nucleus.c) is in the wheel when a C compiler built
+    it for this environment's own install."""
+    from trt_seer.runtime import sampling
+
+    if sampling._nucleus is None:
+        pytest.skip("this environment's trt_seer was installed without its C extension (no C compiler)")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith("trt_seer/runtime/_nucleus.") and n.endswith(".so") for n in names), names
+
+
+@pytest.mark.slow
+def test_an_install_without_a_c_compiler_samples_with_numpy(tmp_path):
+    """No C compiler at build time: the wheel still builds (the extension is optional), lacks the
+    compiled draw, and its top-p sampling runs the numpy draw."""
+    import numpy as np
+
+    from trt_seer.runtime.sampling import draws, numpy_draw
+
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc")}
+    whl = build_wheel(tmp_path, env)
+    assert not any(n.endswith(".so") for n in zipfile.ZipFile(whl).namelist())
+    venv, py = venv_seeing_this_environment(tmp_path / "venv")
+    _run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall", whl])
+    script = ("import numpy as np, trt_seer; from trt_seer.runtime import sampling; "
+              "from trt_seer.runtime.generate import Sampling; print(trt_seer.__file__, sampling._nucleus); "
+              "logits = np.random.default_rng(0).standard_normal((8, 32000)).astype(np.float32); "
+              "print(sampling.choose(logits, Sampling(temperature=0.8, top_p=0.9), np.random.default_rng(1)))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where, compiled, tokens = _run([py, "-c", script], cwd=tmp_path, env=env).stdout.split(maxsplit=2)
+    assert Path(where).is_relative_to(venv) and compiled == "None"
+    logits = np.random.default_rng(0).standard_normal((8, 32000)).astype(np.float32)
+    want = numpy_draw(logits, np.float32(1 / 0.8), 0.9, draws(np.random.default_rng(1), 8))
+    assert tokens.strip() == str(want), "the numpy draw's tokens"
 
 
 def test_wheel_ships_every_package_and_the_corpus(wheel):

@@ -23,14 +23,18 @@ are drawn by inverse CDF, likeliest first, at u_0.
 """
 from __future__ import annotations
 
+import functools
+import logging
 import threading
 
 import numpy as np
 
+log = logging.getLogger(__name__)
+
 try:
     from trt_seer.runtime import _nucleus  # setup.py's optional extension
-except ImportError:  # an install without a C compiler: numpy draws, the same tokens, slower
-    _nucleus = None
+except ImportError as e:  # an install without a C compiler: numpy draws, the same tokens, slower
+    _nucleus, _missing = None, e
 
 DRAWS = 8  # uniform numbers per row per step: the candidates before the exact fallback
 BLOCK = 256  # tokens per block of the inverse CDF: a search over block sums, then a running sum inside one block
@@ -67,6 +71,7 @@ def draws(rng: np.random.Generator, batch: int) -> np.ndarray:
 def nucleus_draw(logits: np.ndarray, inverse: np.float32, top_p: float, u: np.ndarray) -> np.ndarray:
     """The module docstring's draw: (batch,) int64 from logits (batch, vocab) float32 and u (batch, DRAWS)."""
     if _nucleus is None:
+        _say_numpy_once()
         return numpy_draw(logits, inverse, top_p, u)
     logits, u = np.ascontiguousarray(logits, np.float32), np.ascontiguousarray(u, np.float32)
     out = np.empty(len(logits), np.int64)
@@ -77,6 +82,12 @@ def nucleus_draw(logits: np.ndarray, inverse: np.float32, top_p: float, u: np.nd
     if len(left):
         out[left] = numpy_draw(logits[left], inverse, top_p, u[left])
     return out
+
+
+@functools.cache  # once per process
+def _say_numpy_once() -> None:
+    log.info("top-p draws in numpy, about 3x slower per step than the compiled draw: trt_seer was installed "
+             "without its C extension (%s); reinstall with a C compiler and Python's headers", _missing)
 
 
 def numpy_draw(logits: np.ndarray, inverse: np.float32, top_p: float, u: np.ndarray) -> np.ndarray:
