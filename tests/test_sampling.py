@@ -189,6 +189,29 @@ def test_top_k_candidates_are_a_full_sorts_head(vocab, k):
     assert (ids == np.array([np.lexsort((np.arange(vocab), -row))[:k] for row in finite])).all()
 
 
+@COMPILED
+@pytest.mark.parametrize("vocab, k", [(32000, 50), (32000, 1), (32000, 2000), (32000, 9000), (3000, 40), (500, 7),
+                                      (100, 99)])
+def test_the_compiled_top_k_draws_numpys_tokens(vocab, k):
+    """runtime/_nucleus.c's top-k (candidates above the k-th highest of about 4k block maxima,
+    sorted) against numpy's, same numbers: the same tokens on flat, peaked and tied logits (ties:
+    the lower id), with and without top-p; rows with a NaN or infinite logit go to numpy."""
+    from trt_seer.runtime.sampling import _top_k, top_k_draw
+
+    rng = np.random.default_rng(vocab + k)
+    cases = [lm_like_logits(rng, 8, vocab, spread) for spread in (0.0, 6.0, 40.0)]
+    cases.append(rng.integers(-20, 12, (8, vocab)).astype(np.float32))  # most tokens tie
+    cases[0][1, 3], cases[0][2, 5] = np.nan, np.inf
+    cases[1][3, ::2] = -np.inf  # masked tokens: the compiled loop's own, never drawn
+    for logits in cases:
+        for temperature, top_p in [(0.8, 1.0), (0.8, 0.9), (1.5, 0.3)]:
+            u0, inverse = rng.random(8, dtype=np.float32), np.float32(1 / temperature)
+            got = top_k_draw(logits, inverse, k, top_p, u0)
+            assert (got == _top_k(logits * inverse, k, top_p, u0)).all()
+            assert logits is not cases[0] or (got[2] == 5 and got[1] != 3)  # +inf: the only one drawn; NaN: never
+            assert logits is not cases[1] or got[3] % 2 == 1
+
+
 def test_top_p_keeps_the_smallest_head_that_reaches_its_mass():
     logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05], [0.05, 0.15, 0.3, 0.5]], np.float32))
     rng = np.random.default_rng(0)

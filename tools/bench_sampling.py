@@ -10,7 +10,7 @@ greedy is what the target (top-p <= 1.25x greedy per token) reads. The choice al
 against the previous full float64 sort of the vocabulary, and on synthetic "trained-LM" logits (a
 few strong candidates over a flat tail): a random model's logits are nearly flat, the costliest case.
 A control row, greedy with a 0.5 ms busy wait after each choice, shows what any pause of that
-length between two steps costs the next ONNX Runtime step on the machine at hand. Top-p draws in
+length between two steps costs the next ONNX Runtime step on the machine at hand. Sampling draws in
 runtime/_nucleus.c's compiled loops where the install built them; the "numpy draw" row times the
 numpy path that installs without a C compiler take, in the same run.
 """
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"batch {args.batch}, {args.new_tokens} decode steps after a {args.prompt}-token prompt, median of "
                 f"{args.repeats} runs per part, the modes taking turns within each run. Per token = (step + choice) / "
                 f"batch. The last row is greedy with a {PAUSE_S * 1e3:.1f} ms busy wait after each choice: what a "
-                f"pause of that length between steps costs the next step here. Top-p rows: {drawn}, but the "
+                f"pause of that length between steps costs the next step here. Sampling rows: {drawn}, but the "
                 f"one marked numpy draw.\n\n{text}\n")
         append_benchmark(args.append, "Next-token choice vs greedy", "python " + " ".join(sys.argv), machine_text(),
                          body)

@@ -59,7 +59,7 @@ def choose(logits: np.ndarray, sampling, rng: np.random.Generator) -> np.ndarray
     u = draws(rng, len(logits))
     inverse = np.float32(1 / sampling.temperature)
     if 0 < sampling.top_k < logits.shape[-1]:
-        return _top_k(logits * inverse, sampling.top_k, sampling.top_p, u[:, 0])
+        return top_k_draw(logits, inverse, sampling.top_k, sampling.top_p, u[:, 0])
     return nucleus_draw(logits, inverse, sampling.top_p, u)
 
 
@@ -86,7 +86,7 @@ def nucleus_draw(logits: np.ndarray, inverse: np.float32, top_p: float, u: np.nd
 
 @functools.cache  # once per process
 def _say_numpy_once() -> None:
-    log.info("top-p draws in numpy, about 3x slower per step than the compiled draw: trt_seer was installed "
+    log.info("sampling draws in numpy, about 3x slower per step than the compiled draw: trt_seer was installed "
              "without its C extension (%s); reinstall with a C compiler and Python's headers", _missing)
 
 
@@ -183,10 +183,28 @@ def _nucleus_only(e: np.ndarray, top_p: float, u: float) -> int:
     return int(min(int((cum <= u * cum[-1]).sum()), len(e) - 1))
 
 
+def top_k_draw(logits: np.ndarray, inverse: np.float32, k: int, top_p: float, u0: np.ndarray) -> np.ndarray:
+    """The module docstring's top-k draw: (batch,) int64 from logits (batch, vocab) and u0 (batch,);
+    compiled where the extension is, rows with NaN or infinite logits (and installs without it) in numpy."""
+    logits = np.ascontiguousarray(logits, np.float32)
+    if _nucleus is None:
+        _say_numpy_once()
+        return _top_k(logits * inverse, k, top_p, u0)
+    u0 = np.ascontiguousarray(u0, np.float32)
+    out = np.empty(len(logits), np.int64)
+    vocab = logits.shape[1]
+    _nucleus.top_k(logits, u0, float(inverse), int(k), float(top_p), _buffer("scaled", (vocab,)),
+                   _buffer("maxima", (vocab,)), _buffer("candidates", (vocab,), np.float64), out)
+    left = np.flatnonzero(out < 0)
+    if len(left):
+        out[left] = _top_k(logits[left] * inverse, k, top_p, u0[left])
+    return out
+
+
 def _top_k(scores: np.ndarray, k: int, top_p: float, u: np.ndarray) -> np.ndarray:
     """The k likeliest per row, sorted; probabilities over the k; top-p within them."""
     ids, head = _likeliest(scores, k)
-    probs = np.exp(head - head[:, :1])
+    probs = np.exp(_shifted(head))  # head - its first; +inf scores alone drawn where there are some
     cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
     cdf /= cdf[:, -1:]
     if top_p < 1:  # the smallest head whose mass reaches top_p; the first always kept
