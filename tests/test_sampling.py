@@ -121,6 +121,35 @@ def test_rows_the_compiled_draw_leaves_go_to_numpy():
         sampling_mod._nucleus.draw(logits, u, 1.0, 0.9, work[:100], cum, out)
 
 
+@pytest.mark.parametrize("draw", DRAWERS)
+def test_a_masked_token_is_never_drawn_where_rounding_leaves_the_target_past_a_blocks_sum(draw):
+    """A block's float sum can exceed the running sum of its weights in double: a draw whose target
+    falls in that gap takes the block's last token with weight, never a masked one after it (top_p 1
+    keeps every candidate, so nothing else would catch it). u just under 1 puts targets there."""
+    rng = np.random.default_rng(7)
+    logits = rng.standard_normal((400, 300)).astype(np.float32)
+    logits[:, 100:] = -np.inf
+    u = np.full((400, DRAWS), np.float32(1 - 2 ** -24))
+    assert (draw(logits, np.float32(1.0), 1.0, u) < 100).all()
+
+
+def test_sampling_edge_cases_give_numpys_or_no_tokens():
+    """An empty batch gives no tokens on every path; a score that overflows float32 once scaled by
+    1 / temperature counts as +inf (the compiled top-k gives such rows to numpy)."""
+    from trt_seer.runtime.sampling import _top_k, top_k_draw
+
+    empty = np.zeros((0, 500), np.float32)
+    for tokens in (nucleus_draw(empty, np.float32(1), 0.9, np.zeros((0, DRAWS), np.float32)),
+                   numpy_draw(empty, np.float32(1), 0.9, np.zeros((0, DRAWS), np.float32)),
+                   top_k_draw(empty, np.float32(1), 5, 0.9, np.zeros(0, np.float32))):
+        assert tokens.shape == (0,) and tokens.dtype == np.int64
+    logits = np.array([[0, 1, -np.inf, -np.inf, 2e38]], np.float32)
+    u0 = np.float32([0.5])
+    with np.errstate(over="ignore"):
+        scores = logits * np.float32(2)
+    assert top_k_draw(logits, np.float32(2), 3, 1.0, u0)[0] == _top_k(scores, 3, 1.0, u0)[0] == 4
+
+
 @pytest.mark.parametrize("shift", [300.0, -400.0, 60.0])
 def test_far_logits_draw_the_same_tokens_as_centred_ones(shift):
     """The weights skip the shift by each row's best while they stay inside float32; logits far

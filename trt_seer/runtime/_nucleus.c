@@ -33,7 +33,13 @@
 /* 2^x for x <= 0 (0 below about -126.5, -inf included): 2^round(x) times a degree-7 Taylor polynomial of
  * 2^f on f in (-0.5, 0.5] (relative error below 4e-9 before float32 rounding). Branch-free, so
  * the loops that call it vectorize. */
-static inline __attribute__((always_inline)) float exp2_neg(float x) {
+#if defined(__GNUC__)
+#define INLINE static inline __attribute__((always_inline))
+#else
+#define INLINE static inline
+#endif
+
+INLINE float exp2_neg(float x) {
     x = fmaxf(x, -127.0f); /* 2^-127 is built from exponent bits 0: zero */
     int32_t i = (int32_t)(x - 0.5f); /* truncation toward zero: round to nearest for x <= 0 */
     float f = x - (float)i;
@@ -95,17 +101,19 @@ CLONES static double likelier(const float *e, Py_ssize_t n, float w) {
     return total;
 }
 
-/* The first token whose running weight (id order) exceeds target. */
+/* The first token whose running weight (id order) exceeds target; where none inside the block does
+ * (its float sum above the running sum of its weights in double), the block's last token with weight. */
 static Py_ssize_t invert(const float *e, Py_ssize_t n, const double *cum, Py_ssize_t blocks, double target) {
     Py_ssize_t b = 0;
     while (b < blocks - 1 && cum[b] <= target) b++;
     double run = b ? cum[b - 1] : 0.0;
-    Py_ssize_t end = (b + 1) * BLOCK < n ? (b + 1) * BLOCK : n;
+    Py_ssize_t end = (b + 1) * BLOCK < n ? (b + 1) * BLOCK : n, last = b * BLOCK;
     for (Py_ssize_t i = b * BLOCK; i < end; i++) {
         run += e[i];
+        last = e[i] > 0.0f ? i : last;
         if (run > target) return i;
     }
-    return end - 1;
+    return last;
 }
 
 static int is_neg_inf(float v) {
@@ -184,8 +192,9 @@ CLONES static int scale_row(const float *x, float *s, Py_ssize_t n, float invers
     for (Py_ssize_t i = 0; i < n; i++) {
         uint32_t bits;
         memcpy(&bits, &x[i], sizeof bits);
-        worst |= ((bits & 0x7fffffffu) > 0x7f800000u) | (bits == 0x7f800000u); /* NaN or +inf: numpy's path */
         s[i] = x[i] * inverse;
+        memcpy(&bits, &s[i], sizeof bits); /* the score's bits: a finite logit may scale to +inf */
+        worst |= ((bits & 0x7fffffffu) > 0x7f800000u) | (bits == 0x7f800000u); /* NaN or +inf: numpy's path */
     }
     return worst != 0;
 }

@@ -70,13 +70,15 @@ def draws(rng: np.random.Generator, batch: int) -> np.ndarray:
 
 def nucleus_draw(logits: np.ndarray, inverse: np.float32, top_p: float, u: np.ndarray) -> np.ndarray:
     """The module docstring's draw: (batch,) int64 from logits (batch, vocab) float32 and u (batch, DRAWS)."""
+    scale = float(inverse) * np.log2(np.e)
     if _nucleus is None:
         _say_numpy_once()
+    if _nucleus is None or not np.isfinite(scale):  # a temperature below ~1e-38: numpy's shifted weights
         return numpy_draw(logits, inverse, top_p, u)
     logits, u = np.ascontiguousarray(logits, np.float32), np.ascontiguousarray(u, np.float32)
     out = np.empty(len(logits), np.int64)
     vocab = logits.shape[1]
-    _nucleus.draw(logits, u, float(inverse) * np.log2(np.e), float(top_p), _buffer("row", (vocab,)),
+    _nucleus.draw(logits, u, scale, float(top_p), _buffer("row", (vocab,)),
                   _buffer("cum", (-(-vocab // BLOCK),), np.float64), out)
     left = np.flatnonzero(out < 0)  # rare: no candidate inside the nucleus, or logits not finite
     if len(left):
@@ -93,6 +95,8 @@ def _say_numpy_once() -> None:
 def numpy_draw(logits: np.ndarray, inverse: np.float32, top_p: float, u: np.ndarray) -> np.ndarray:
     """`nucleus_draw` in numpy over the whole batch: a few passes over the vocabulary per step."""
     batch, vocab = logits.shape
+    if not batch:
+        return np.empty(0, np.int64)
     e, cum = _weights(logits, inverse)  # (batch, blocks * BLOCK) float32, (batch, blocks) float64
     total = cum[:, -1]
     out = np.empty(batch, np.int64)
@@ -156,8 +160,10 @@ def _invert(e: np.ndarray, cum: np.ndarray, rows: np.ndarray, target: np.ndarray
     blocks = cum.shape[1]
     b = np.minimum((cum[rows] <= target[:, None]).sum(axis=-1), blocks - 1)
     base = np.where(b > 0, cum[rows, np.maximum(b - 1, 0)], 0.0)
-    inside = np.cumsum(e.reshape(len(e), blocks, BLOCK)[rows, b], axis=-1, dtype=np.float64)
-    i = np.minimum((inside <= (target - base)[:, None]).sum(axis=-1), BLOCK - 1)
+    block = e.reshape(len(e), blocks, BLOCK)[rows, b]
+    inside = np.cumsum(block, axis=-1, dtype=np.float64)
+    last = BLOCK - 1 - np.argmax(block[:, ::-1] > 0, axis=-1)  # where float rounding leaves the target past the
+    i = np.minimum((inside <= (target - base)[:, None]).sum(axis=-1), last)  # block's running sum: its last weighed token
     return np.minimum(b * BLOCK + i, vocab - 1)
 
 
@@ -189,7 +195,7 @@ def top_k_draw(logits: np.ndarray, inverse: np.float32, k: int, top_p: float, u0
     logits = np.ascontiguousarray(logits, np.float32)
     if _nucleus is None:
         _say_numpy_once()
-        return _top_k(logits * inverse, k, top_p, u0)
+        return _top_k(_scores(logits, inverse), k, top_p, u0)
     u0 = np.ascontiguousarray(u0, np.float32)
     out = np.empty(len(logits), np.int64)
     vocab = logits.shape[1]
@@ -197,12 +203,19 @@ def top_k_draw(logits: np.ndarray, inverse: np.float32, k: int, top_p: float, u0
                    _buffer("maxima", (vocab,)), _buffer("candidates", (vocab,), np.float64), out)
     left = np.flatnonzero(out < 0)
     if len(left):
-        out[left] = _top_k(logits[left] * inverse, k, top_p, u0[left])
+        out[left] = _top_k(_scores(logits[left], inverse), k, top_p, u0[left])
     return out
+
+
+def _scores(logits: np.ndarray, inverse: np.float32) -> np.ndarray:
+    with np.errstate(over="ignore"):  # a logit past float32 once scaled: +inf, which _top_k takes
+        return logits * inverse
 
 
 def _top_k(scores: np.ndarray, k: int, top_p: float, u: np.ndarray) -> np.ndarray:
     """The k likeliest per row, sorted; probabilities over the k; top-p within them."""
+    if not len(scores):
+        return np.empty(0, np.int64)
     ids, head = _likeliest(scores, k)
     probs = np.exp(_shifted(head))  # head - its first; +inf scores alone drawn where there are some
     cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
