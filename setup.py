@@ -1,5 +1,6 @@
-"""The one compiled part: runtime/_nucleus.c, the top-p draw's C loop. Optional: where no C compiler
-(or no Python headers) builds it, the install goes on and runtime/sampling.py draws with numpy."""
+"""The one compiled part: runtime/_nucleus.c, the C loops of the host's sampling draws (top-p, top-k).
+Optional: where no C compiler (or no Python headers) builds it, the install goes on and
+runtime/sampling.py draws with numpy."""
 import sys
 
 from setuptools import Extension, setup

@@ -14,9 +14,9 @@ gives the same tokens on every path. No row's vocabulary is sorted. Temperature 
 That is exact top-p sampling (rejection: each candidate is a draw from the whole distribution, kept
 when it falls in the nucleus), at the cost of a few passes over the vocabulary: the weights, their
 block sums, and one comparison per candidate. Where the package was built with a C compiler the
-draw runs in compiled loops (runtime/_nucleus.c, row by row, the row's weights kept in cache;
-tokens equal up to float32 rounding); else, and for rows it leaves (non-finite logits, or no
-candidate inside), in numpy over the batch. The device sampler (export/sampler.py) draws the same
+draws (top-k's too) run in compiled loops (runtime/_nucleus.c, row by row, the row's work kept in
+cache; tokens equal up to float32 rounding); else, and for rows they leave (a NaN or +inf logit,
+none above -inf, or no candidate inside), in numpy over the batch. The device sampler (export/sampler.py) draws the same
 token for the same numbers, up to float32 rounding. With top-k, the tokens at or above the k-th
 highest block maximum (about k) are the only ones sorted; the k likeliest of them (ties: lower id)
 are drawn by inverse CDF, likeliest first, at u_0.
@@ -191,7 +191,8 @@ def _nucleus_only(e: np.ndarray, top_p: float, u: float) -> int:
 
 def top_k_draw(logits: np.ndarray, inverse: np.float32, k: int, top_p: float, u0: np.ndarray) -> np.ndarray:
     """The module docstring's top-k draw: (batch,) int64 from logits (batch, vocab) and u0 (batch,);
-    compiled where the extension is, rows with NaN or infinite logits (and installs without it) in numpy."""
+    compiled where the extension is; rows with a NaN or +inf score or none above -inf (and installs
+    without the extension) in numpy."""
     logits = np.ascontiguousarray(logits, np.float32)
     if _nucleus is None:
         _say_numpy_once()
