@@ -79,7 +79,7 @@ def test_wheel_carries_the_compiled_draw_where_this_install_has_it(wheel):
     it for this environment's own install."""
     from trt_seer.runtime import sampling
 
-    if sampling._nucleus is None:
+    if not sampling.compiled():
         pytest.skip("this environment's trt_seer was installed without its C extension (no C compiler)")
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("trt_seer/runtime/_nucleus.") and n.endswith(".so") for n in names), names
@@ -99,12 +99,12 @@ def test_an_install_without_a_c_compiler_samples_with_numpy(tmp_path):
     venv, py = venv_seeing_this_environment(tmp_path / "venv")
     _run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall", whl])
     script = ("import numpy as np, trt_seer; from trt_seer.runtime import sampling; "
-              "from trt_seer.runtime.generate import Sampling; print(trt_seer.__file__, sampling._nucleus); "
+              "from trt_seer.runtime.generate import Sampling; print(trt_seer.__file__, sampling.compiled()); "
               "logits = np.random.default_rng(0).standard_normal((8, 32000)).astype(np.float32); "
               "print(sampling.choose(logits, Sampling(temperature=0.8, top_p=0.9), np.random.default_rng(1)))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     where, compiled, tokens = _run([py, "-c", script], cwd=tmp_path, env=env).stdout.split(maxsplit=2)
-    assert Path(where).is_relative_to(venv) and compiled == "None"
+    assert Path(where).is_relative_to(venv) and compiled == "False"
     logits = np.random.default_rng(0).standard_normal((8, 32000)).astype(np.float32)
     want = numpy_draw(logits, np.float32(1 / 0.8), 0.9, draws(np.random.default_rng(1), 8))
     assert tokens.strip() == str(want), "the numpy draw's tokens"

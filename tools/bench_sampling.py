@@ -101,22 +101,21 @@ def measure(step, batch: int, prompt: int, new: int, repeats: int) -> dict[str, 
 
     from trt_seer.runtime.generate import Sampling
 
-    samplings = {mode: (Sampling(**kw), np.random.default_rng(0)) for mode, kw in MODES.items()}
-    samplings[NUMPY] = (samplings["top-p 0.9, T 0.8"][0], np.random.default_rng(0))
+    samplings = {mode: (Sampling(**kw), np.random.default_rng(0), None) for mode, kw in MODES.items()}
+    samplings[NUMPY] = (samplings["top-p 0.9, T 0.8"][0], np.random.default_rng(0), numpy_choice)
     samplings[PAUSED] = samplings["greedy"]
     times = {mode: ([], [], []) for mode in samplings}  # step ms, choice ms, full-sort ms
     for r in range(repeats + 1):  # the first round warms up and is dropped
-        for mode, (sampling, rng) in samplings.items():
+        for mode, (sampling, rng, chooser) in samplings.items():
             ids = np.random.default_rng(r).integers(3, 32000, (batch, prompt))
             _decode(step, ids, new, sampling, rng, times[mode] if r else None, full_sort=r == 1,
-                    pause=PAUSE_S if mode == PAUSED else 0.0, chooser=numpy_choice if mode == NUMPY else None)
+                    pause=PAUSE_S if mode == PAUSED else 0.0, chooser=chooser)
     rows = {}
     for mode, (step_ms, choice_ms, old_ms) in times.items():
         s, c = statistics.median(step_ms), statistics.median(choice_ms)
         rows[mode] = {"step_ms": s, "choice_ms": c, "per_token_ms": (s + c) / batch,
                       "full_sort_ms": statistics.median(old_ms) if old_ms else None,
-                      "peaked_choice_ms": peaked_choice_ms(batch, samplings[mode][0],
-                                                           numpy_choice if mode == NUMPY else None)}
+                      "peaked_choice_ms": peaked_choice_ms(batch, samplings[mode][0], samplings[mode][2])}
         print(mode, rows[mode], flush=True)
     return rows
 
@@ -183,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from trt_seer.runtime import sampling
 
-        drawn = ("the compiled draw (runtime/_nucleus.c)" if sampling._nucleus is not None
+        drawn = ("the compiled draw (runtime/_nucleus.c)" if sampling.compiled()
                  else "the numpy draw (this install has no C extension)")
         body = (f"Tiny Llama (random init, 2 layers, hidden 64, vocabulary 32,000), ONNX Runtime FP32 on the CPU, "
                 f"batch {args.batch}, {args.new_tokens} decode steps after a {args.prompt}-token prompt, median of "

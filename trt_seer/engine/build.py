@@ -67,10 +67,10 @@ def cache_key(onnx_sha: str, spec: BuildSpec, flavor: trt_adapter.Flavor, decode
                         "targets": targets, **extra})
 
 
-
 def decoder_engine_key(onnx_sha: str, spec: BuildSpec) -> str:
     """`cache_key` of a decoder's engine built here from the graph `onnx_sha` with `spec`."""
     return cache_key(onnx_sha, spec, trt_adapter.load(), decoder=True)
+
 
 def _parse(flavor, builder, onnx_path: Path):
     network = trt_adapter.strongly_typed_network(flavor, builder)

@@ -57,16 +57,19 @@ INLINE float exp2_neg(float x) {
     return p * two_i;
 }
 
-/* The row's best logit; *bad set when a logit is NaN or +inf (told by its bits: -ffast-math lets
- * the compiler assume neither). -inf is a logit like another: weight 0. */
+/* 1 where v is NaN or +inf, told by its bits (-ffast-math lets the compiler assume neither); 0 else. */
+INLINE uint32_t nan_or_pos_inf(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    return ((bits & 0x7fffffffu) > 0x7f800000u) | (bits == 0x7f800000u);
+}
+
+/* The row's best logit; *bad set when a logit is NaN or +inf. -inf is a logit like another: weight 0. */
 CLONES static float row_max(const float *x, Py_ssize_t n, int *bad) {
     float m = -INFINITY;
     uint32_t worst = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        uint32_t bits;
-        memcpy(&bits, &x[i], sizeof bits);
-        uint32_t magnitude = bits & 0x7fffffffu;
-        worst |= (magnitude > 0x7f800000u) | (bits == 0x7f800000u);
+        worst |= nan_or_pos_inf(x[i]);
         m = fmaxf(m, x[i]);
     }
     *bad = worst != 0;
@@ -190,11 +193,8 @@ static float kth_highest(float *a, Py_ssize_t m, Py_ssize_t k) {
 CLONES static int scale_row(const float *x, float *s, Py_ssize_t n, float inverse) {
     uint32_t worst = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        uint32_t bits;
-        memcpy(&bits, &x[i], sizeof bits);
         s[i] = x[i] * inverse;
-        memcpy(&bits, &s[i], sizeof bits); /* the score's bits: a finite logit may scale to +inf */
-        worst |= ((bits & 0x7fffffffu) > 0x7f800000u) | (bits == 0x7f800000u); /* NaN or +inf: numpy's path */
+        worst |= nan_or_pos_inf(s[i]); /* the score's: a finite logit may scale to +inf; numpy's path */
     }
     return worst != 0;
 }

@@ -36,6 +36,7 @@ try:
 except ImportError as e:  # an install without a C compiler: numpy draws, the same tokens, slower
     _nucleus, _missing = None, e
 
+LOG2E = np.log2(np.e)  # exp(x) = exp2(x * LOG2E)
 DRAWS = 8  # uniform numbers per row per step: the candidates before the exact fallback
 BLOCK = 256  # tokens per block of the inverse CDF: a search over block sums, then a running sum inside one block
 _scratch = threading.local()  # per thread: the last shape's work arrays (a new 1 MB array per step faults its pages in)
@@ -63,6 +64,11 @@ def choose(logits: np.ndarray, sampling, rng: np.random.Generator) -> np.ndarray
     return nucleus_draw(logits, inverse, sampling.top_p, u)
 
 
+def compiled() -> bool:
+    """Whether this install draws in runtime/_nucleus.c's compiled loops (else numpy)."""
+    return _nucleus is not None
+
+
 def draws(rng: np.random.Generator, batch: int) -> np.ndarray:
     """One step's uniform numbers (batch, DRAWS) float32 in [0, 1)."""
     return rng.random((batch, DRAWS), dtype=np.float32)
@@ -70,10 +76,11 @@ def draws(rng: np.random.Generator, batch: int) -> np.ndarray:
 
 def nucleus_draw(logits: np.ndarray, inverse: np.float32, top_p: float, u: np.ndarray) -> np.ndarray:
     """The module docstring's draw: (batch,) int64 from logits (batch, vocab) float32 and u (batch, DRAWS)."""
-    scale = float(inverse) * np.log2(np.e)
+    scale = float(inverse) * LOG2E
     if _nucleus is None:
         _say_numpy_once()
-    if _nucleus is None or not np.isfinite(scale):  # a temperature below ~1e-38: numpy's shifted weights
+        return numpy_draw(logits, inverse, top_p, u)
+    if not np.isfinite(scale):  # a temperature below ~1e-38: numpy's shifted weights
         return numpy_draw(logits, inverse, top_p, u)
     logits, u = np.ascontiguousarray(logits, np.float32), np.ascontiguousarray(u, np.float32)
     out = np.empty(len(logits), np.int64)
@@ -128,7 +135,7 @@ def _weights(logits: np.ndarray, inverse: np.float32):
     e = _buffer("weights", (batch, blocks * BLOCK))
     e[:, vocab:] = 0
     z = e[:, :vocab]
-    scale = np.float32(inverse * np.float32(np.log2(np.e)))
+    scale = np.float32(inverse * np.float32(LOG2E))
     np.multiply(logits, scale, out=z)
     with np.errstate(over="ignore"):  # an overflowed row is caught by its total below
         np.exp2(z, out=z)  # numpy's float32 exp2 is vectorized where its exp may not be (2x on AVX2)
