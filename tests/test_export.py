@@ -117,6 +117,8 @@ def test_decoder_export_with_kv_cache(tiny_checkpoint, tmp_path, model_type):
     assert isinstance(past[2], str) and dims["present.0.key"][2] not in (past[2], seq)
     if model_type != "gpt2":  # the tiny configs use grouped-query attention
         assert shape.num_kv_heads < info.config["num_attention_heads"]
+    rotations = sum(n.op_type == "Neg" for n in graph.node)  # rotate_half negates once per rotated tensor
+    assert rotations == (0 if model_type == "gpt2" else shape.num_layers)  # q and k stacked: one per layer
 
 
 def test_decoder_verify_catches_graph_of_other_weights(tiny_checkpoint, tmp_path):
@@ -395,3 +397,26 @@ def test_a_row_of_padding_alone_is_left_out_of_the_logits_compared():
     assert np.array_equal(defined("logits", logits, mask), logits[:2])
     cache = np.arange(3 * 2 * 2 * 1, dtype=np.float32).reshape(3, 2, 2, 1)  # (batch, kv_heads, positions, dim)
     assert defined("present.0.key", cache, mask).shape == (3, 2, 1)
+
+
+def test_stacked_rotary_gives_the_models_own_rotation_to_the_bit():
+    """export/rotary.py: q and k rotated as one tensor equal Llama's function on each; outside the
+    context the modeling module has its own function back."""
+    import torch
+    from transformers.models.llama import modeling_llama
+
+    from trt_seer.export.rotary import stacked, stacked_rotary
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 8, 5, 16, generator=gen), torch.randn(2, 2, 5, 16, generator=gen)
+    cos, sin = torch.randn(2, 5, 16, generator=gen), torch.randn(2, 5, 16, generator=gen)
+    original = modeling_llama.apply_rotary_pos_emb
+    want = original(q, k, cos, sin)
+    got = stacked(original)(q, k, cos, sin)
+    assert all(torch.equal(g, w) for g, w in zip(got, want)) and got[0].shape == q.shape
+    model = type("LlamaForCausalLM", (), {"__module__": modeling_llama.__name__})()
+    with stacked_rotary(model):
+        assert modeling_llama.apply_rotary_pos_emb is not original
+        with stacked_rotary(model):  # entered twice: wrapped once
+            assert modeling_llama.apply_rotary_pos_emb.stacked_from is original
+    assert modeling_llama.apply_rotary_pos_emb is original

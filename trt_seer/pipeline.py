@@ -44,10 +44,13 @@ def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
 
 
 def decoder_form(info: ModelInfo) -> dict:
-    """What a decoder graph's cache key says about its form (eager attention keeps earlier keys)."""
+    """What a decoder graph's cache key says about its form: the rotary embedding's (graphs exported
+    before export/rotary.py are exported again) and, with `--attention chunked`, the attention's."""
     from trt_seer.export.attention import CHUNKS
+    from trt_seer.export.rotary import FORM
 
-    return {"outputs": "next_token", **({"attention": f"chunked-{CHUNKS}"} if info.attention == "chunked" else {})}
+    return {"outputs": "next_token", "rotary": FORM,
+            **({"attention": f"chunked-{CHUNKS}"} if info.attention == "chunked" else {})}
 
 
 def is_decoder(info: ModelInfo) -> bool:

@@ -28,6 +28,7 @@ from trt_seer.logs import quieted
 from trt_seer.export.tolerance import Tolerance
 from trt_seer.decoder_io import NEXT_TOKEN, PRESENT_PREFIX, decoder_io, exported_outputs, position_ids
 from trt_seer.export.families import ModelInfo, num_layers
+from trt_seer.export.rotary import stacked_rotary
 
 TRACE_CASE = (2, 5, 3)  # (batch, seq, past_seq) used for tracing; no axis of size 0 or 1
 VERIFY_CASES = ((3, 7, 0), (2, 1, 9), (1, 4, 6), (4, 1, 0))  # prefill, decode, chunked prefill
@@ -135,7 +136,7 @@ def _export(step, shape: DecoderShape, dest: Path, kv_dtype=np.float32, external
     feeds = sample_feeds(shape, *TRACE_CASE, seed=1, kv_dtype=kv_dtype)
     args = tuple(torch.from_numpy(v) for v in feeds.values())
     inputs, _ = decoder_io(shape.num_layers)
-    with warnings.catch_warnings(), quieted("torch.onnx"):
+    with warnings.catch_warnings(), quieted("torch.onnx"), stacked_rotary(step.model):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(step, args, input_names=list(inputs),
                                     output_names=list(exported_outputs(shape.num_layers)),
