@@ -290,3 +290,26 @@ def test_a_present_output_that_is_not_the_concat_of_its_past_is_refused():
     network = network_with(lambda n, p, x: concat(n, p, n.add_identity(x).get_output(0)))
     assert mark_new_kv_outputs(flavor, network) == 1
     assert [network.get_output(i).name for i in range(network.num_outputs)] == ["new_key_values.0.key"]
+
+
+def test_build_progress_draws_nested_phases_at_a_bounded_rate(capsys):
+    """TensorRT starts thousands of nested phases in a build; each used to redraw the bar, so a
+    build's log held thousands of copies of it. Now the bar is drawn at most every tqdm interval,
+    still shows the phase, and completes its steps."""
+    import types
+
+    class Monitor:
+        def __init__(self):
+            pass
+
+    flavor = types.SimpleNamespace(has_progress_monitor=True, trt=types.SimpleNamespace(IProgressMonitor=Monitor))
+    bars = trt.make_progress_monitor(flavor)
+    bars.phase_start("Building engine", None, 3)
+    for i in range(2000):
+        bars.phase_start("Computing reformatting costs", "Building engine", 1)
+        bars.phase_finish("Computing reformatting costs")
+    assert bars.step_complete("Building engine", 0) is True
+    assert bars._bar.n == 1 and "Computing reformatting costs" in str(bars._bar)
+    bars.phase_finish("Building engine")
+    drawn = capsys.readouterr().err.count("Building engine")
+    assert 1 <= drawn < 200, drawn

@@ -289,13 +289,13 @@ def make_progress_monitor(flavor: Flavor, cancelled=lambda: False):
                 self._top = phase_name
                 self._bar = tqdm(total=num_steps, desc=phase_name, unit="step", leave=False,
                                  dynamic_ncols=True)
-            else:
-                self._bar.set_postfix_str(phase_name, refresh=True)
+            else:  # drawn at most every mininterval: a build starts thousands of nested phases
+                self._bar.set_postfix_str(phase_name, refresh=False)
+                self._bar.update(0)
 
         def step_complete(self, phase_name, step):
             if self._bar is not None and phase_name == self._top:
-                self._bar.n = step + 1
-                self._bar.refresh()
+                self._bar.update(step + 1 - self._bar.n)
             return not cancelled()  # False makes TensorRT abandon the build
 
         def phase_finish(self, phase_name):
