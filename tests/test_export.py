@@ -414,6 +414,13 @@ def test_stacked_rotary_gives_the_models_own_rotation_to_the_bit():
     want = original(q, k, cos, sin)
     got = stacked(original)(q, k, cos, sin)
     assert all(torch.equal(g, w) for g, w in zip(got, want)) and got[0].shape == q.shape
+    heads = []  # how many heads each call of the wrapped function saw
+    spy = stacked(lambda q, k, *a, **kw: heads.append(q.shape[1]) or (q, k))
+    spy(q, k, cos, sin)
+    spy(q, k, cos, sin, torch.zeros(2, 5))  # an older signature's position_ids: left as it was
+    spy(q, k, cos, sin, unsqueeze_dim=2)
+    spy(q, k[:, :, :4], cos, sin)  # key positions that differ from the query's
+    assert heads == [10, 8, 8, 8]
     model = type("LlamaForCausalLM", (), {"__module__": modeling_llama.__name__})()
     with stacked_rotary(model):
         assert modeling_llama.apply_rotary_pos_emb is not original

@@ -9,7 +9,8 @@ each as its own kernel per layer (docs/BENCHMARKS.md, kernels per decode step). 
 the modeling module's function rotates the heads of q and k stacked along the head axis, with the
 module's own function, and splits them back: the same arithmetic on every element, so the same
 values to the bit. Models whose module has no such function (no rotary embedding, e.g. GPT-2) are
-left as they are; so are calls whose heads are not on axis 1 or whose q and k differ in head size.
+left as they are; so are calls with arguments beyond `unsqueeze_dim=1` (older signatures take
+`position_ids` there) and calls whose q and k differ in any axis but the heads'.
 """
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ def stacked(original):
     import torch
 
     def apply(q, k, cos, sin, *args, **kwargs):
-        unsqueeze_dim = kwargs.get("unsqueeze_dim", args[0] if args else 1)
-        if unsqueeze_dim != 1 or q.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        plain = not args and set(kwargs) <= {"unsqueeze_dim"} and kwargs.get("unsqueeze_dim", 1) == 1
+        if not plain or q.dim() != 4 or k.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
             return original(q, k, cos, sin, *args, **kwargs)
         both = torch.cat([q, k], dim=1)
-        rotated = original(both, both, cos, sin, *args, **kwargs)[0]  # the unused second result is dropped
+        rotated = original(both, both, cos, sin, **kwargs)[0]  # the unused second result is dropped
         return rotated[:, :q.shape[1]], rotated[:, q.shape[1]:]
 
     apply.stacked_from = original
