@@ -343,7 +343,8 @@ def test_decoder_record_says_whether_attention_slides(tiny_checkpoint, tmp_path,
     assert "sliding_window" in section and section["sliding_window"] == window
 
 
-@pytest.mark.parametrize("batch, heads, kv_heads, seq, total", [(2, 8, 2, 1, 257), (3, 4, 4, 7, 7), (1, 8, 1, 1, 300)])
+@pytest.mark.parametrize("batch, heads, kv_heads, seq, total", [(2, 8, 2, 1, 257), (3, 4, 4, 7, 7), (1, 8, 1, 1, 300),
+                                                               (2, 8, 2, 3, 640)])
 def test_chunked_attention_is_eager_attention(batch, heads, kv_heads, seq, total):
     """export/attention.py against transformers' eager attention, grouped heads and a padded row
     included, at cache lengths that do and do not split evenly into its chunks."""
@@ -374,16 +375,21 @@ def test_chunked_attention_export_verifies_and_gives_eagers_logits(tiny_checkpoi
     from trt_seer.export import decoder
     from trt_seer.runtime.ort import create_session
 
+    from trt_seer.export.attention import CHUNKS
+
     info = resolve_model(tiny_checkpoint("llama", "causal-lm"))
     shape = decoder.decoder_shape(info.config)
-    graphs = {}
+    graphs, reports = {}, {}
     for form in ("eager", "chunked"):
         graphs[form] = tmp_path / f"{form}.fp32.onnx"
-        decoder.onnx_from_decoder(replace(info, attention=form), graphs[form])
+        reports[form] = decoder.onnx_from_decoder(replace(info, attention=form), graphs[form])
     assert decoder.decoder_section(replace(info, attention="chunked"), graphs["chunked"])["attention"] == "chunked"
-    feeds = decoder.sample_feeds(shape, 3, 1, 37, seed=4)  # a decode step over a cache of 37 positions
-    eager, chunked = (create_session(graphs[f]).run(["logits"], feeds)[0] for f in ("eager", "chunked"))
-    assert np.allclose(eager, chunked, atol=1e-4), float(np.abs(eager - chunked).max())
+    # the check ran over caches whose chunks hold several positions, not only one
+    assert max(seq + past for _, seq, past in reports["chunked"]["cases"]) > 2 * CHUNKS
+    for past in (37, 3 * CHUNKS + 9):  # decode steps over caches of one and of several positions a chunk
+        feeds = decoder.sample_feeds(shape, 3, 1, past, seed=4)
+        eager, chunked = (create_session(graphs[f]).run(["logits"], feeds)[0] for f in ("eager", "chunked"))
+        assert np.allclose(eager, chunked, atol=1e-4), (past, float(np.abs(eager - chunked).max()))
     assert json.loads(json.dumps(replace(info, attention="chunked").to_dict()))["attention"] == "chunked"
 
 

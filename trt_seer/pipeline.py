@@ -50,7 +50,7 @@ def decoder_form(info: ModelInfo) -> dict:
     from trt_seer.export.rotary import FORM
 
     return {"outputs": "next_token", "rotary": FORM,
-            **({"attention": f"chunked-{CHUNKS}"} if info.attention == "chunked" else {})}
+            **({"attention": f"chunked-{CHUNKS}-split"} if info.attention == "chunked" else {})}
 
 
 def is_decoder(info: ModelInfo) -> bool:

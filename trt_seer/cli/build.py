@@ -58,7 +58,7 @@ def add_parser(subparsers, common):
     d.add_argument("--no-awq", action="store_true", help="INT4 by plain round-to-nearest, without AWQ scales")
     d.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too (default: FP16)")
     p.add_argument("--attention", choices=("eager", "chunked"), default="eager",
-                   help="causal LMs: export attention as it is (eager, default) or cut the cache into 16 chunks "
+                   help="causal LMs: export attention as it is (eager, default) or cut the cache into chunks "
                         "(chunked: faster decode at long contexts, slower prompts; docs/DESIGN.md)")
     common.add_output_args(p)
     p.add_argument("--force", action="store_true", help="rebuild every stage even when up to date")

@@ -6,17 +6,20 @@ written so that TensorRT spreads a long cache over the GPU.
 
 The eager form's decode step is one query row per head against the whole cache: TensorRT-RTX runs
 its softmax and its two GEMMs as one block per head, so a step's attention grows with the cache
-(docs/BENCHMARKS.md, decode at long contexts). Here the key positions are cut into
-`CHUNKS` equal chunks (padded with masked positions to a multiple): scores for every chunk in one
-batched GEMM, one softmax over all chunks (maximum and sum over chunk and position), one batched
-GEMM with the values and a sum over chunks. Query heads that share a key/value head are stacked
-as rows of one GEMM instead of copying the keys per head (repeat_kv). The mask is eager's (an
-additive float mask); masked positions weigh exp(-large) = 0 as in eager's softmax.
+(docs/BENCHMARKS.md, decode at long contexts). Here the key positions are cut into `CHUNKS` equal
+chunks (padded with masked positions to a multiple), as split-K decoding ("flash decoding") does:
+each chunk's scores, softmax statistics (maximum, sum) and weighted values are its own, computed for
+all chunks at once by two batched GEMMs, and the chunks are then combined, each scaled by
+exp(its maximum - the overall maximum). The scores are keys x queries^T, so the cache is read in its
+own layout (no transposed copy of the keys per step). Query heads that share a key/value head are
+stacked as rows of one GEMM instead of copying the keys per head (repeat_kv). The mask is eager's
+(an additive float mask); masked positions weigh exp(-large) = 0 as in eager's softmax, and a chunk
+with no unmasked position weighs 0 in the combination (its maximum is the mask's -large).
 """
 from __future__ import annotations
 
 NAME = "trt_seer_chunked"
-CHUNKS = 16
+CHUNKS = 64
 
 
 def register() -> None:
@@ -37,21 +40,34 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     b, heads, s, d = query.shape
     kv_heads, t = key.shape[1], key.shape[2]
     group = heads // kv_heads
+    rows = group * s  # a key/value head's query heads and positions, as rows
     size = (t + CHUNKS - 1) // CHUNKS  # positions per chunk
     pad = size * CHUNKS - t
     scaling = d ** -0.5 if scaling is None else scaling
-    q = query.reshape(b, kv_heads, 1, group * s, d)  # a key/value head's query heads stacked as rows
+    q = query.reshape(b, kv_heads, 1, rows, d).transpose(-1, -2)  # (b, kv_heads, 1, d, rows)
     k = F.pad(key, (0, 0, 0, pad)).reshape(b, kv_heads, CHUNKS, size, d)
     v = F.pad(value, (0, 0, 0, pad)).reshape(b, kv_heads, CHUNKS, size, d)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scaling  # (b, kv_heads, chunks, group * s, size)
-    low = torch.finfo(torch.float32).min
-    mask = torch.zeros((b, 1, s, t), dtype=torch.float32, device=query.device) if attention_mask is None \
-        else attention_mask[..., :t].float().expand(b, 1, s, t)
-    mask = F.pad(mask, (0, pad), value=low).reshape(b, 1, s, CHUNKS, size).permute(0, 1, 3, 2, 4)
-    scores = scores + mask.unsqueeze(3).expand(b, 1, CHUNKS, group, s, size).reshape(b, 1, CHUNKS, group * s, size)
-    top = scores.amax(dim=(2, 4), keepdim=True)
+    scores = torch.matmul(k, q).float() * scaling + _chunked_mask(attention_mask, query, group, t, pad, size)
+    top = scores.amax(dim=-2, keepdim=True)  # (b, kv_heads, chunks, 1, rows): per chunk
     weights = torch.exp(scores - top)
-    total = weights.sum(dim=(2, 4), keepdim=True)  # (b, kv_heads, 1, group * s, 1)
-    out = torch.matmul(weights.to(value.dtype), v).float().sum(dim=2, keepdim=True) / total
+    total = weights.sum(dim=-2, keepdim=True)
+    part = torch.matmul(weights.to(value.dtype).transpose(-1, -2), v).float()  # (b, kv_heads, chunks, rows, d)
+    top, total = top.transpose(-1, -2), total.transpose(-1, -2)
+    scale = torch.exp(top - top.amax(dim=2, keepdim=True))  # chunk against all chunks
+    out = (part * scale).sum(dim=2, keepdim=True) / (total * scale).sum(dim=2, keepdim=True)
     out = out.to(query.dtype).reshape(b, heads, s, d)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _chunked_mask(attention_mask, query, group: int, t: int, pad: int, size: int):
+    """The additive mask (b, 1, s, t) or None as (b, 1, chunks, size, group x s) float32 to add to
+    the scores of `group` query heads per key/value head, the padding masked."""
+    import torch
+    import torch.nn.functional as F
+
+    b, _, s, _ = query.shape
+    mask = torch.zeros((b, 1, s, t), dtype=torch.float32, device=query.device) if attention_mask is None \
+        else attention_mask[..., :t].float().expand(b, 1, s, t)
+    mask = F.pad(mask, (0, pad), value=torch.finfo(torch.float32).min).reshape(b, 1, s, CHUNKS, size)
+    mask = mask.permute(0, 1, 3, 4, 2).unsqueeze(4)  # (b, 1, chunks, size, 1, s)
+    return mask.expand(b, 1, CHUNKS, size, group, s).reshape(b, 1, CHUNKS, size, group * s)

@@ -130,10 +130,35 @@ def _dynamic_shapes(shape: DecoderShape):
     return (({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq}, *kv),)  # forward(*args)
 
 
+def chunked(step) -> bool:
+    """Whether the wrapped model attends with export/attention.py's chunked form."""
+    from trt_seer.export import attention
+
+    return getattr(step.model.config, "_attn_implementation", None) == attention.NAME
+
+
+def trace_case(step) -> tuple[int, int, int]:
+    """TRACE_CASE; the chunked form traces over a past longer by 2 x CHUNKS, so that a chunk holds
+    several positions (a chunk size of 1 at trace time would be taken as the graph's)."""
+    from trt_seer.export import attention
+
+    batch, seq, past = TRACE_CASE
+    return (batch, seq, past + 2 * attention.CHUNKS) if chunked(step) else TRACE_CASE
+
+
+def verify_cases(step) -> tuple[tuple[int, int, int], ...]:
+    """VERIFY_CASES; for the chunked form also a decode and a prefill over caches that fill its
+    chunks with several positions, padded and not (VERIFY_CASES' caches fit chunks of one)."""
+    from trt_seer.export import attention
+
+    n = attention.CHUNKS
+    return VERIFY_CASES + ((2, 1, 3 * n + 4), (1, 2, 2 * n - 2)) if chunked(step) else VERIFY_CASES
+
+
 def _export(step, shape: DecoderShape, dest: Path, kv_dtype=np.float32, external: bool = False) -> None:
     import torch
 
-    feeds = sample_feeds(shape, *TRACE_CASE, seed=1, kv_dtype=kv_dtype)
+    feeds = sample_feeds(shape, *trace_case(step), seed=1, kv_dtype=kv_dtype)
     args = tuple(torch.from_numpy(v) for v in feeds.values())
     inputs, _ = decoder_io(shape.num_layers)
     with warnings.catch_warnings(), quieted("torch.onnx"), stacked_rotary(step.model):
@@ -165,23 +190,26 @@ def _run_torch(step, feeds: dict) -> list[np.ndarray]:
 
 
 def verify_decoder(step, shape: DecoderShape, onnx_path: Path, name: str, tol, kv_dtype=np.float32) -> dict:
-    """ONNX Runtime vs PyTorch at VERIFY_CASES; ExportMismatchError above `tol` (a checkpoint.Tolerance).
+    """ONNX Runtime vs PyTorch at `verify_cases`; ExportMismatchError above `tol` (a checkpoint.Tolerance).
 
     Returns {"cases": [[batch, seq, past], ...], "outputs": {"logits"|"present": {max_abs_diff, allowed}}}."""
-    cases = [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=kv_dtype) for i, (b, s, p) in enumerate(VERIFY_CASES)]
-    return compare_cases(cases, [_run_torch(step, f) for f in cases], shape, onnx_path, name, tol)
+    where = verify_cases(step)
+    cases = [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=kv_dtype) for i, (b, s, p) in enumerate(where)]
+    return compare_cases(cases, [_run_torch(step, f) for f in cases], shape, onnx_path, name, tol, where)
 
 
-def compare_cases(cases: list[dict], refs: list[list], shape: DecoderShape, onnx_path: Path, name: str, tol) -> dict:
-    """ONNX Runtime's outputs on each feed of `cases` against `refs` (PyTorch's, computed before);
+def compare_cases(cases: list[dict], refs: list[list], shape: DecoderShape, onnx_path: Path, name: str, tol,
+                  where=VERIFY_CASES) -> dict:
+    """ONNX Runtime's outputs on each feed of `cases` (made at the (batch, seq, past) of `where`)
+    against `refs` (PyTorch's, computed before);
     `next_token`, where the graph has it, must be the argmax of ONNX Runtime's own logits."""
     from trt_seer.runtime.ort import OrtOptions, create_session
 
     session = create_session(onnx_path, OrtOptions(lean=True))  # weights held once, even at 7B
     _, outputs = decoder_io(shape.num_layers)
     has_next = NEXT_TOKEN in {o.name for o in session.get_outputs()}
-    report = {"cases": [list(c) for c in VERIFY_CASES], "outputs": {}}
-    for (batch, seq, past), feeds, ref in zip(VERIFY_CASES, cases, refs):
+    report = {"cases": [list(c) for c in where], "outputs": {}}
+    for (batch, seq, past), feeds, ref in zip(where, cases, refs, strict=True):
         got = session.run(list(outputs) + ([NEXT_TOKEN] if has_next else []), feeds)
         if has_next:
             _check_next_token(got.pop(), got[0], f"batch={batch} seq={seq} past={past}")
@@ -249,11 +277,11 @@ def fp16_onnx_from_decoder(info: ModelInfo, dest: Path, tol=None, isolate: bool 
     if isolate is None:
         isolate = checkpoint_bytes(info.path) >= ISOLATE_BYTES
     if isolate:
-        cases, refs, params = in_worker(_torch_side, info, dest)
+        cases, refs, params, where = in_worker(_torch_side, info, dest)
     else:
-        cases, refs, params = _torch_side(info, dest)
+        cases, refs, params, where = _torch_side(info, dest)
     try:
-        report = compare_cases(cases, refs, shape, dest, info.name, tol)
+        report = compare_cases(cases, refs, shape, dest, info.name, tol, where)
     except ExportMismatchError:
         dest.unlink(missing_ok=True)
         onnxio.data_path(dest).unlink(missing_ok=True)
@@ -319,9 +347,10 @@ def checkpoint_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).iterdir() if f.suffix in WEIGHT_SUFFIXES)
 
 
-def _torch_side(info: ModelInfo, dest: Path) -> tuple[list, list, dict]:
+def _torch_side(info: ModelInfo, dest: Path) -> tuple[list, list, dict, tuple]:
     """The FP16 graph exported to `dest` (weights as external data, streamed by later stages) and
-    (the verification feeds, PyTorch FP16's outputs on them, the parameters' fingerprints)."""
+    (the verification feeds, PyTorch FP16's outputs on them, the parameters' fingerprints, the
+    feeds' (batch, seq, past))."""
     import gc
 
     from trt_seer.export import weights
@@ -331,11 +360,12 @@ def _torch_side(info: ModelInfo, dest: Path) -> tuple[list, list, dict]:
     params = weights.param_fingerprints(dict(model.named_parameters()))
     step = wrap_decoder(model, shape)
     _export(step, shape, dest, np.float16, external=True)
-    cases = [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=np.float16) for i, (b, s, p) in enumerate(VERIFY_CASES)]
+    where = verify_cases(step)
+    cases = [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=np.float16) for i, (b, s, p) in enumerate(where)]
     refs = [_run_torch(step, f) for f in cases]
     del step, model
     gc.collect()
-    return cases, refs, params
+    return cases, refs, params, where
 
 
 def _generation_ids(info: ModelInfo) -> tuple[int | list[int] | None, int | None]:
