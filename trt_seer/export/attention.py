@@ -31,6 +31,15 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, eager_mask)
 
 
+def export_cases(trace: tuple, verify: tuple) -> tuple[tuple, tuple]:
+    """The decoder export's (trace case, verification cases), each (batch, seq, past), for this form:
+    `trace` over a past longer by 2 x CHUNKS, so that a chunk holds several positions (a chunk size
+    of 1 at trace time would be taken as the graph's), and `verify` with a decode and a prefill over
+    caches that fill the chunks with several positions, padded and not."""
+    batch, seq, past = trace
+    return (batch, seq, past + 2 * CHUNKS), (*verify, (2, 1, 3 * CHUNKS + 4), (1, 2, 2 * CHUNKS - 2))
+
+
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **_):
     """query (b, heads, s, d), key / value (b, kv_heads, t, d), mask (b, 1, s, t) additive or None
     -> ((b, s, heads, d), None), as eager_attention_forward (without its probabilities)."""

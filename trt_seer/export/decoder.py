@@ -130,35 +130,25 @@ def _dynamic_shapes(shape: DecoderShape):
     return (({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq}, *kv),)  # forward(*args)
 
 
-def chunked(step) -> bool:
-    """Whether the wrapped model attends with export/attention.py's chunked form."""
+def export_cases(info: ModelInfo) -> tuple[tuple[int, int, int], tuple[tuple[int, int, int], ...]]:
+    """(trace case, verification cases) for `info`'s attention form: TRACE_CASE and VERIFY_CASES,
+    or export/attention.py's for the chunked form."""
     from trt_seer.export import attention
 
-    return getattr(step.model.config, "_attn_implementation", None) == attention.NAME
+    return attention.export_cases(TRACE_CASE, VERIFY_CASES) if info.attention == "chunked" \
+        else (TRACE_CASE, VERIFY_CASES)
 
 
-def trace_case(step) -> tuple[int, int, int]:
-    """TRACE_CASE; the chunked form traces over a past longer by 2 x CHUNKS, so that a chunk holds
-    several positions (a chunk size of 1 at trace time would be taken as the graph's)."""
-    from trt_seer.export import attention
-
-    batch, seq, past = TRACE_CASE
-    return (batch, seq, past + 2 * attention.CHUNKS) if chunked(step) else TRACE_CASE
+def verification_feeds(shape: DecoderShape, where, kv_dtype) -> list[dict]:
+    """The check's feeds, one per (batch, seq, past) of `where`."""
+    return [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=kv_dtype) for i, (b, s, p) in enumerate(where)]
 
 
-def verify_cases(step) -> tuple[tuple[int, int, int], ...]:
-    """VERIFY_CASES; for the chunked form also a decode and a prefill over caches that fill its
-    chunks with several positions, padded and not (VERIFY_CASES' caches fit chunks of one)."""
-    from trt_seer.export import attention
-
-    n = attention.CHUNKS
-    return VERIFY_CASES + ((2, 1, 3 * n + 4), (1, 2, 2 * n - 2)) if chunked(step) else VERIFY_CASES
-
-
-def _export(step, shape: DecoderShape, dest: Path, kv_dtype=np.float32, external: bool = False) -> None:
+def _export(step, shape: DecoderShape, dest: Path, kv_dtype=np.float32, external: bool = False,
+            trace=TRACE_CASE) -> None:
     import torch
 
-    feeds = sample_feeds(shape, *trace_case(step), seed=1, kv_dtype=kv_dtype)
+    feeds = sample_feeds(shape, *trace, seed=1, kv_dtype=kv_dtype)
     args = tuple(torch.from_numpy(v) for v in feeds.values())
     inputs, _ = decoder_io(shape.num_layers)
     with warnings.catch_warnings(), quieted("torch.onnx"), stacked_rotary(step.model):
@@ -189,18 +179,19 @@ def _run_torch(step, feeds: dict) -> list[np.ndarray]:
         return [t.float().numpy() for t in step(*(torch.from_numpy(v) for v in feeds.values()))]
 
 
-def verify_decoder(step, shape: DecoderShape, onnx_path: Path, name: str, tol, kv_dtype=np.float32) -> dict:
-    """ONNX Runtime vs PyTorch at `verify_cases`; ExportMismatchError above `tol` (a checkpoint.Tolerance).
+def verify_decoder(step, shape: DecoderShape, onnx_path: Path, name: str, tol, kv_dtype=np.float32,
+                   where=VERIFY_CASES) -> dict:
+    """ONNX Runtime vs PyTorch at the (batch, seq, past) of `where`; ExportMismatchError above `tol`
+    (a checkpoint.Tolerance).
 
     Returns {"cases": [[batch, seq, past], ...], "outputs": {"logits"|"present": {max_abs_diff, allowed}}}."""
-    where = verify_cases(step)
-    cases = [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=kv_dtype) for i, (b, s, p) in enumerate(where)]
+    cases = verification_feeds(shape, where, kv_dtype)
     return compare_cases(cases, [_run_torch(step, f) for f in cases], shape, onnx_path, name, tol, where)
 
 
 def compare_cases(cases: list[dict], refs: list[list], shape: DecoderShape, onnx_path: Path, name: str, tol,
-                  where=VERIFY_CASES) -> dict:
-    """ONNX Runtime's outputs on each feed of `cases` (made at the (batch, seq, past) of `where`)
+                  at=VERIFY_CASES) -> dict:
+    """ONNX Runtime's outputs on each feed of `cases` (made at the (batch, seq, past) of `at`)
     against `refs` (PyTorch's, computed before);
     `next_token`, where the graph has it, must be the argmax of ONNX Runtime's own logits."""
     from trt_seer.runtime.ort import OrtOptions, create_session
@@ -208,8 +199,8 @@ def compare_cases(cases: list[dict], refs: list[list], shape: DecoderShape, onnx
     session = create_session(onnx_path, OrtOptions(lean=True))  # weights held once, even at 7B
     _, outputs = decoder_io(shape.num_layers)
     has_next = NEXT_TOKEN in {o.name for o in session.get_outputs()}
-    report = {"cases": [list(c) for c in where], "outputs": {}}
-    for (batch, seq, past), feeds, ref in zip(where, cases, refs, strict=True):
+    report = {"cases": [list(c) for c in at], "outputs": {}}
+    for (batch, seq, past), feeds, ref in zip(at, cases, refs, strict=True):
         got = session.run(list(outputs) + ([NEXT_TOKEN] if has_next else []), feeds)
         if has_next:
             _check_next_token(got.pop(), got[0], f"batch={batch} seq={seq} past={past}")
@@ -248,9 +239,10 @@ def onnx_from_decoder(info: ModelInfo, dest: Path, tol=None) -> dict:
     tol = tol or Tolerance()
     shape = decoder_shape(info.config)
     step = wrap_decoder(load_decoder(info), shape)
-    _export(step, shape, dest)
+    trace, where = export_cases(info)
+    _export(step, shape, dest, trace=trace)
     try:
-        return verify_decoder(step, shape, dest, info.name, tol)
+        return verify_decoder(step, shape, dest, info.name, tol, where=where)
     except ExportMismatchError:
         dest.unlink(missing_ok=True)
         onnxio.data_path(dest).unlink(missing_ok=True)
@@ -276,10 +268,11 @@ def fp16_onnx_from_decoder(info: ModelInfo, dest: Path, tol=None, isolate: bool 
     shape = decoder_shape(info.config)
     if isolate is None:
         isolate = checkpoint_bytes(info.path) >= ISOLATE_BYTES
+    trace, where = export_cases(info)
     if isolate:
-        cases, refs, params, where = in_worker(_torch_side, info, dest)
+        cases, refs, params = in_worker(_torch_side, info, dest, trace, where)
     else:
-        cases, refs, params, where = _torch_side(info, dest)
+        cases, refs, params = _torch_side(info, dest, trace, where)
     try:
         report = compare_cases(cases, refs, shape, dest, info.name, tol, where)
     except ExportMismatchError:
@@ -347,10 +340,10 @@ def checkpoint_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).iterdir() if f.suffix in WEIGHT_SUFFIXES)
 
 
-def _torch_side(info: ModelInfo, dest: Path) -> tuple[list, list, dict, tuple]:
-    """The FP16 graph exported to `dest` (weights as external data, streamed by later stages) and
-    (the verification feeds, PyTorch FP16's outputs on them, the parameters' fingerprints, the
-    feeds' (batch, seq, past))."""
+def _torch_side(info: ModelInfo, dest: Path, trace, where) -> tuple[list, list, dict]:
+    """The FP16 graph traced at `trace` and exported to `dest` (weights as external data, streamed
+    by later stages) and (the verification feeds at `where`, PyTorch FP16's outputs on them, the
+    parameters' fingerprints)."""
     import gc
 
     from trt_seer.export import weights
@@ -359,13 +352,12 @@ def _torch_side(info: ModelInfo, dest: Path) -> tuple[list, list, dict, tuple]:
     model = load_decoder(info, "float16")
     params = weights.param_fingerprints(dict(model.named_parameters()))
     step = wrap_decoder(model, shape)
-    _export(step, shape, dest, np.float16, external=True)
-    where = verify_cases(step)
-    cases = [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=np.float16) for i, (b, s, p) in enumerate(where)]
+    _export(step, shape, dest, np.float16, external=True, trace=trace)
+    cases = verification_feeds(shape, where, np.float16)
     refs = [_run_torch(step, f) for f in cases]
     del step, model
     gc.collect()
-    return cases, refs, params, where
+    return cases, refs, params
 
 
 def _generation_ids(info: ModelInfo) -> tuple[int | list[int] | None, int | None]:
