@@ -133,6 +133,38 @@ def test_a_decoder_engine_from_earlier_network_passes_is_built_again(tmp_path, m
     assert _cache_hit(request) is None
 
 
+def test_chunked_attention_builds_with_room_for_its_prompt_scores(tmp_path):
+    """TensorRT-RTX refuses at run time a workspace allocation over the engine's limit, and chunked
+    attention keeps a prompt step's scores there: its build raises a lower limit to what the scores
+    of the profile's largest prompt can take (a higher one stays), the engine records the limit, and
+    the same command is then a cache hit. Eager attention keeps the limit it is given."""
+    from trt_seer.build import with_workspace
+    from trt_seer.cli import build_parser
+    from trt_seer.cli.build import request_from_args
+
+    ckpt = make_tiny_checkpoint("llama", "causal-lm", tmp_path / "ckpt", max_position_embeddings=256)
+    config = json.loads((ckpt / "config.json").read_text())
+    args = ["build", "--model", str(ckpt), "--fp16", "--batch", "1,8,16", "--seq", "1,16,250", "--max-total", "256",
+            "--attention", "chunked", "--workspace-mb", "16", "--out", str(tmp_path / "out")]
+    # 16 prompts of 250 tokens, the cache padded to 4 chunks of 64 positions; per score FP16 twice,
+    # float32 twice, and the float32 mask over the key/value heads
+    scores = 16 * config["num_attention_heads"] * 250 * 256
+    need_mb = -(-(scores * 12 + scores * 4 // config["num_key_value_heads"]) // 2**20)
+    assert need_mb > 16
+    parse = build_parser().parse_args
+    assert with_workspace(request_from_args(parse(args))).spec.workspace_mb == need_mb
+    higher = [a if a != "16" else str(need_mb + 1) for a in args]
+    assert with_workspace(request_from_args(parse(higher))).spec.workspace_mb == need_mb + 1
+    eager = [a if a != "chunked" else "eager" for a in args]
+    assert with_workspace(request_from_args(parse(eager))).spec.workspace_mb == 16
+
+    r = build(*args[1:])
+    assert f"workspace limit {need_mb} MiB" in r.stderr
+    m = manifest.read_engine_manifest(tmp_path / "out" / "ckpt.fp16.manifest.json")
+    assert m["build"]["settings"]["workspace_mb"] == need_mb
+    assert "fp16 engine up to date" in build(*args[1:]).stderr
+
+
 @pytest.mark.parametrize("model_type,task", [("bert", "text-classification"), ("llama", "causal-lm"),
                                              ("distilbert", "feature-extraction")])
 def test_tiny_family_fp16_engine(tmp_path, model_type, task):

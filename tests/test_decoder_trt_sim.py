@@ -17,7 +17,7 @@ import pytest
 import trt_seer.runtime.cuda as cuda
 from trt_seer.decoder_io import decoder_io, is_past, new_of, position_ids, step_feeds
 from trt_seer.engine import manifest as manifest_io
-from trt_seer.errors import InputError, UnsupportedError
+from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 from trt_seer.runtime import decoder_trt
 from trt_seer.runtime.loader import EngineOptions, LoadedEngine
 
@@ -339,6 +339,28 @@ def test_steps_outside_the_engine_are_refused_before_running(open_decoder):
         long = np.ones((1, MAX_PROMPT + 1), np.int64)
         dec.step(long, long, position_ids(long))
     assert [c.runs for c in dec.engine.contexts] == [0]  # the prefill context; decode ones come on first use
+
+
+def test_a_step_tensorrt_has_no_memory_for_says_what_to_change(open_decoder, monkeypatch):
+    """TensorRT's OutOfMemory on a step comes back as one error naming the step's size and what to
+    change; other failures keep TensorRT's message alone."""
+    dec = open_decoder("window")
+    dec.reset(2)
+    ids, mask = prompt_batch()
+
+    def fails(why):
+        def execute(stream):
+            dec._logger.errors.append(why)
+            return False
+        monkeypatch.setattr(dec._prefill, "execute_async_v3", execute)
+
+    fails("[localCheckMacros.cpp::getErrorStr::132] Error Code 2: OutOfMemory (Requested size was 7549747200 bytes.)")
+    with pytest.raises(TrtSeerError, match=r"OutOfMemory .*\(a step of 2 x 5 tokens needs more GPU memory .*"
+                                           r"--workspace-mb\)$"):
+        dec.step(ids, mask, position_ids(mask))
+    fails("Error Code 1: Cuda Runtime (an illegal memory access)")
+    with pytest.raises(TrtSeerError, match=r"an illegal memory access\)$"):
+        dec.step(ids, mask, position_ids(mask))
 
 
 def test_warm_up_runs_every_window_once_and_leaves_a_fresh_start(open_decoder):

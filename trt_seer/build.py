@@ -68,6 +68,7 @@ class BuildResult:
 
 def build(request: BuildRequest) -> BuildResult:
     """Builds (or finds up to date) every engine `request` asks for; see the module docstring."""
+    request = with_workspace(request)
     hit = _cache_hit(request)
     if hit is not None:
         for p, m in hit.items():
@@ -83,6 +84,9 @@ def build(request: BuildRequest) -> BuildResult:
     chosen = request.chosen()
     check_profile(info, request.spec.profile)
     _check_request(info, request, chosen)
+    if request.attention == "chunked":
+        log.info("chunked attention: TensorRT workspace limit %d MiB, room for a prompt step of %d x %d tokens",
+                 request.spec.workspace_mb, request.spec.profile.batch[2], request.spec.profile.seq[2])
     plan = plan_for(info, request, chosen)
     if request.dry_run:
         return BuildResult(plan=plan)
@@ -97,6 +101,25 @@ def build(request: BuildRequest) -> BuildResult:
     result = BuildResult(manifests, plan, stages)
     _stamp(request, result, info)
     return result
+
+
+def with_workspace(request: BuildRequest) -> BuildRequest:
+    """`request` with TensorRT's workspace limit raised, for chunked attention, to what the scores of
+    the profile's largest prompt step can take (export/attention.prompt_scratch_bytes, a bound with
+    room for the other layers) where the limit given is lower. TensorRT-RTX refuses at run time an
+    allocation over the limit the engine was built with; the limit is a ceiling, and a step
+    allocates only what its plan needs."""
+    if request.attention != "chunked":
+        return request
+    from trt_seer.export.attention import prompt_scratch_bytes
+    from trt_seer.export.families import resolve_model
+
+    profile = request.spec.profile
+    need = prompt_scratch_bytes(resolve_model(request.model, request.task).config, profile.batch[2], profile.seq[2])
+    need_mb = -(-need // 2**20)
+    if need_mb <= request.spec.workspace_mb:
+        return request
+    return replace(request, spec=replace(request.spec, workspace_mb=need_mb))
 
 
 def _check_request(info, request: BuildRequest, chosen: list[str]) -> None:

@@ -21,7 +21,9 @@ def add_parser(subparsers, common):
                    "AWQ), for fast decoding")
     common.add_profile_args(p)
     t = p.add_argument_group("TensorRT")
-    t.add_argument("--workspace-mb", type=common.positive_int, default=4096, help="workspace limit (default 4096)")
+    t.add_argument("--workspace-mb", type=common.positive_int, default=4096,
+                   help="TensorRT's workspace limit in MiB (default 4096; --attention chunked raises it to what "
+                        "its prompt step's scores can take)")
     t.add_argument("--opt-level", type=int, choices=range(0, 6), default=3, metavar="0-5",
                    help="builder optimization level (default 3)")
     t.add_argument("--hardware-compat", choices=("ampere+", "same-cc"), default=None,

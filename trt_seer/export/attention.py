@@ -40,6 +40,19 @@ def export_cases(trace: tuple, verify: tuple) -> tuple[tuple, tuple]:
     return (batch, seq, past + 2 * CHUNKS), (*verify, (2, 1, 3 * CHUNKS + 4), (1, 2, 2 * CHUNKS - 2))
 
 
+def prompt_scratch_bytes(config: dict, batch: int, seq: int) -> int:
+    """A bound on the GPU memory a prompt step of `batch` x `seq` tokens on an empty cache takes for
+    this form's scores: every query head's row against every position of the padded cache, as the
+    FP16 GEMM's output, float32 scores and exponentials, FP16 weights, and the float32 mask shared by
+    the key/value heads. TensorRT keeps them in its workspace (eager attention's prompt runs as one
+    fused kernel that does not); the engine build's workspace limit must leave room for them."""
+    heads = int(config.get("num_attention_heads") or config["n_head"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    padded = (seq + CHUNKS - 1) // CHUNKS * CHUNKS
+    scores = batch * heads * seq * padded
+    return scores * (2 + 4 + 4 + 2) + scores * 4 // kv_heads
+
+
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **_):
     """query (b, heads, s, d), key / value (b, kv_heads, t, d), mask (b, 1, s, t) additive or None
     -> ((b, s, heads, d), None), as eager_attention_forward (without its probabilities)."""

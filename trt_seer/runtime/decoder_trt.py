@@ -282,7 +282,10 @@ class TensorRTDecoder:
         lane.start.record(stream)
         if not ctx.execute_async_v3(int(stream)):
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
-            raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}")
+            hint = (f" (a step of {self.batch} x {seq} tokens needs more GPU memory than it could get: fewer or "
+                    "shorter prompts at once, or an engine built with a larger --workspace-mb)"
+                    if "OutOfMemory" in why else "")
+            raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}{hint}")
         if window or self.new_kv:
             self._keep(seq, decode)
         if then is not None:
