@@ -104,11 +104,11 @@ def build(request: BuildRequest) -> BuildResult:
 
 
 def with_workspace(request: BuildRequest) -> BuildRequest:
-    """`request` with TensorRT's workspace limit raised, for chunked attention, to what the scores of
-    the profile's largest prompt step can take (export/attention.prompt_scratch_bytes, a bound with
-    room for the other layers) where the limit given is lower. TensorRT-RTX refuses at run time an
-    allocation over the limit the engine was built with; the limit is a ceiling, and a step
-    allocates only what its plan needs."""
+    """`request` with TensorRT's workspace limit raised, for chunked attention, to a bound on what the
+    scores of the profile's largest prompt step can take (export/attention.prompt_scratch_bytes)
+    where the limit given is lower. TensorRT-RTX refuses an allocation over the limit the engine is
+    built with, in the build and at run time; the limit is a ceiling, and a step allocates only what
+    its plan needs."""
     if request.attention != "chunked":
         return request
     from trt_seer.export.attention import prompt_scratch_bytes
