@@ -61,7 +61,8 @@ def add_parser(subparsers, common):
     d.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too (default: FP16)")
     p.add_argument("--attention", choices=("eager", "chunked"), default="eager",
                    help="causal LMs: export attention as it is (eager, default) or cut the cache into chunks "
-                        "(chunked: faster decode at long contexts, slower prompts; docs/DESIGN.md)")
+                        "(chunked: faster decode at long contexts; slower prompts that hold every score in GPU memory; "
+                        "docs/DESIGN.md)")
     common.add_output_args(p)
     p.add_argument("--force", action="store_true", help="rebuild every stage even when up to date")
     p.add_argument("--dry-run", action="store_true",
