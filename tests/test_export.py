@@ -373,9 +373,8 @@ def test_chunked_attention_export_verifies_and_gives_eagers_logits(tiny_checkpoi
     from dataclasses import replace
 
     from trt_seer.export import decoder
-    from trt_seer.runtime.ort import create_session
-
     from trt_seer.export.attention import CHUNKS
+    from trt_seer.runtime.ort import create_session
 
     info = resolve_model(tiny_checkpoint("llama", "causal-lm"))
     shape = decoder.decoder_shape(info.config)

@@ -46,8 +46,9 @@ def prompt_scratch_bytes(config: dict, batch: int, seq: int) -> int:
     FP16 GEMM's output, float32 scores and exponentials, FP16 weights, and the float32 mask shared by
     the key/value heads. TensorRT keeps them in its workspace (eager attention's prompt runs as one
     fused kernel that does not); the engine build's workspace limit must leave room for them."""
-    heads = int(config.get("num_attention_heads") or config["n_head"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
+    from trt_seer.export.decoder import attention_heads
+
+    heads, kv_heads = attention_heads(config)
     padded = (seq + CHUNKS - 1) // CHUNKS * CHUNKS
     scores = batch * heads * seq * padded
     return scores * (2 + 4 + 4 + 2) + scores * 4 // kv_heads

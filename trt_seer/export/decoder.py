@@ -47,11 +47,17 @@ class DecoderShape:
     vocab_size: int
 
 
-def decoder_shape(config: dict) -> DecoderShape:
+def attention_heads(config: dict) -> tuple[int, int]:
+    """(query heads, key/value heads) of a checkpoint's config."""
     heads = int(config.get("num_attention_heads") or config["n_head"])
+    return heads, int(config.get("num_key_value_heads") or heads)
+
+
+def decoder_shape(config: dict) -> DecoderShape:
+    heads, kv_heads = attention_heads(config)
     hidden = int(config.get("hidden_size") or config["n_embd"])
-    return DecoderShape(num_layers(config), int(config.get("num_key_value_heads") or heads),
-                        int(config.get("head_dim") or hidden // heads), int(config["vocab_size"]))
+    return DecoderShape(num_layers(config), kv_heads, int(config.get("head_dim") or hidden // heads),
+                        int(config["vocab_size"]))
 
 
 def load_decoder(info: ModelInfo, dtype: str = "float32"):
