@@ -138,7 +138,7 @@ def test_chunked_attention_builds_with_room_for_its_prompt_scores(tmp_path):
     attention keeps a prompt step's scores there: its build raises a lower limit to what the scores
     of the profile's largest prompt can take (a higher one stays), the engine records the limit, and
     the same command is then a cache hit. Eager attention keeps the limit it is given."""
-    from trt_seer.build import with_workspace
+    from trt_seer.build import with_decoder_limits
     from trt_seer.cli import build_parser
     from trt_seer.cli.build import request_from_args
 
@@ -152,17 +152,73 @@ def test_chunked_attention_builds_with_room_for_its_prompt_scores(tmp_path):
     need_mb = -(-(scores * 12 + scores * 4 // config["num_key_value_heads"]) // 2**20)
     assert need_mb > 16
     parse = build_parser().parse_args
-    assert with_workspace(request_from_args(parse(args))).spec.workspace_mb == need_mb
+    assert with_decoder_limits(request_from_args(parse(args))).spec.workspace_mb == need_mb
     higher = [a if a != "16" else str(need_mb + 1) for a in args]
-    assert with_workspace(request_from_args(parse(higher))).spec.workspace_mb == need_mb + 1
+    assert with_decoder_limits(request_from_args(parse(higher))).spec.workspace_mb == need_mb + 1
     eager = [a if a != "chunked" else "eager" for a in args]
-    assert with_workspace(request_from_args(parse(eager))).spec.workspace_mb == 16
+    assert with_decoder_limits(request_from_args(parse(eager))).spec.workspace_mb == 16
 
     r = build(*args[1:])
     assert f"workspace limit {need_mb} MiB" in r.stderr
     m = manifest.read_engine_manifest(tmp_path / "out" / "ckpt.fp16.manifest.json")
     assert m["build"]["settings"]["workspace_mb"] == need_mb
     assert "fp16 engine up to date" in build(*args[1:]).stderr
+
+
+def test_a_prompt_slice_gives_the_prefill_profile_a_cache_and_bounds_the_workspace(tmp_path):
+    """`--prompt-slice` (default 512 with chunked attention, none with eager, none where no prompt
+    is longer): the engine's prefill profile takes up to that many tokens on a cache as long as the
+    decode profile's, its manifest says the slice to the runtime, and chunked attention's workspace
+    bound covers a slice on the longest cache as well as the longest prompt at once."""
+    from trt_seer.build import PROMPT_SLICE, with_decoder_limits
+    from trt_seer.cli import build_parser
+    from trt_seer.cli.build import request_from_args
+    from trt_seer.export.attention import prompt_scratch_bytes
+
+    ckpt = make_tiny_checkpoint("llama", "causal-lm", tmp_path / "ckpt", max_position_embeddings=1024)
+    config = json.loads((ckpt / "config.json").read_text())
+    args = ["build", "--model", str(ckpt), "--fp16", "--batch", "1,2,4", "--seq", "4,16,32", "--max-total", "64",
+            "--attention", "chunked", "--prompt-slice", "8", "--workspace-mb", "1", "--out", str(tmp_path / "out")]
+
+    def limits(*changes):
+        argv = list(args)
+        for old, new in changes:
+            argv[argv.index(old)] = new
+        return with_decoder_limits(request_from_args(build_parser().parse_args(argv))).spec
+
+    spec = limits()
+    assert spec.prompt_slice == 8
+    need = max(prompt_scratch_bytes(config, 4, 32), prompt_scratch_bytes(config, 4, 8, 63))
+    assert spec.workspace_mb == -(-need // 2**20)
+    assert limits(("8", "0")).prompt_slice is None and limits(("8", "32")).prompt_slice is None
+    assert limits(("chunked", "eager")).prompt_slice == 8 and limits(("chunked", "eager")).workspace_mb == 1
+    defaults = [a for a in args if a not in ("--prompt-slice", "8")]
+    parse = build_parser().parse_args
+    assert with_decoder_limits(request_from_args(parse(defaults))).spec.prompt_slice is None  # 512 >= 32
+    longer = [a if a != "4,16,32" else f"4,16,{PROMPT_SLICE + 1}" for a in defaults]
+    longer[longer.index("64")] = str(2 * PROMPT_SLICE)
+    assert with_decoder_limits(request_from_args(parse(longer))).spec.prompt_slice == PROMPT_SLICE
+    eager = [a if a != "chunked" else "eager" for a in longer]
+    assert with_decoder_limits(request_from_args(parse(eager))).spec.prompt_slice is None
+
+    built = [a for a in args[1:] if a not in ("--workspace-mb", "1")]  # GEMMs need more than the scores' 1 MiB
+    r = build(*built)
+    assert "prompts over 8 tokens run in slices of 8" in r.stderr
+    m = manifest.read_engine_manifest(tmp_path / "out" / "ckpt.fp16.manifest.json")
+    assert m["decoder"]["prompt_slice"] == 8 and m["build"]["settings"]["prompt_slice"] == 8
+    decode, prefill = (p["shapes"] for p in m["optimization_profiles"])
+    assert prefill["past_key_values.0.key"][2][2] == 63 and prefill["past_key_values.0.key"][0][2] == 0
+    assert prefill["attention_mask"] == [[1, 1], [2, 16], [4, 63 + 8]] and prefill["input_ids"][2] == [4, 32]
+    assert decode["input_ids"] == [[1, 1], [2, 1], [4, 1]]
+    assert "fp16 engine up to date" in build(*built).stderr
+
+
+def test_an_encoder_takes_no_prompt_slice(tmp_path):
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "ckpt")
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(ckpt), "--prompt-slice", "8", "--seq", "8,16,32",
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--prompt-slice is for causal LMs" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("model_type,task", [("bert", "text-classification"), ("llama", "causal-lm"),

@@ -221,9 +221,12 @@ def open_decoder(monkeypatch, tmp_path, request):
     path.write_bytes(b"engine")
     opened = []
 
-    def make(cache, windows=None, sliding_window=None, next_token=False, says_sliding=True, max_batch=None):
-        """`sliding_window`: the manifest's (None: full attention); `says_sliding` False: no such key."""
+    def make(cache, windows=None, sliding_window=None, next_token=False, says_sliding=True, max_batch=None,
+             prompt_slice=None):
+        """`sliding_window`: the manifest's (None: full attention); `says_sliding` False: no such key;
+        `prompt_slice`: the manifest's."""
         manifest["decoder"]["sliding_window"], manifest["next_token"] = sliding_window, next_token
+        manifest["decoder"]["prompt_slice"] = prompt_slice
         if not says_sliding:
             del manifest["decoder"]["sliding_window"]
         opened.append(decoder_trt.TensorRTDecoder(path, EngineOptions(), cache=cache, windows=windows,
@@ -303,6 +306,51 @@ def test_sequences_move_up_the_window_ladder_with_the_same_logits(open_decoder, 
     assert all(c.shapes["attention_mask"] == (2, w + 1) for c, w in zip(decode, dec.windows))
     decode_along(dec, ids[:1, -1:], mask[:1, -1:], steps=4)  # another batch size: bound again, same answers
     assert len(dec.engine.contexts) == 5
+
+
+@pytest.mark.parametrize("cache,windows", [("window", (2, 4, 8)), ("window", None), ("grow", None)])
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_prompt_longer_than_the_slice_runs_in_slices_with_the_same_logits(open_decoder, cache, windows, size):
+    """An engine whose manifest gives `prompt_slice` takes an 8-token prompt (row 1 left-padded by 3)
+    `size` tokens at a time, each slice on the prefill profile over the cache so far (the window it
+    sits in, or the grown cache), a last single token on the decode profile; the logits after the
+    prompt and at every step after equal the whole sequence's at once. `present` engines (built
+    before slices) take the prompt whole."""
+    dec = open_decoder(cache, windows=windows, prompt_slice=size)
+    ids = np.array([[3, 7, 7, 1, 9, 2, 5, 11], [0, 0, 0, 4, 12, 4, 6, 1]], np.int64)
+    mask = np.ones_like(ids)
+    mask[1, :3] = 0
+    decode_along(dec, ids, mask, steps=MAX_TOTAL - 8)
+    prefill = dec.engine.contexts[0]
+    slices = [min(size, 8 - a) for a in range(0, 8, size)] if dec.new_kv else [8]
+    assert dec.prompt_slice == (size if dec.new_kv else 0)
+    assert prefill.runs == sum(1 for n in slices if n > 1 or len(slices) == 1)
+    if dec.new_kv:  # the last slice of several tokens read the cache so far: its window, or the grown cache
+        last = max(a for a in range(0, 8, size) if 8 - a > 1)
+        held = last if cache == "grow" else next(w for w in dec.windows if w >= last)
+        assert prefill.shapes["past_key_values.0.key"][2] == held
+        assert prefill.shapes["attention_mask"] == (2, held + min(size, 8 - last))
+
+
+def test_a_right_aligned_window_takes_the_prompt_whole(open_decoder):
+    """A sliding-window model's window is right-aligned, which a slice's keys and values are not
+    laid out for: the prompt runs at once, with the same logits."""
+    dec = open_decoder("window", windows=(2, 4, 8), sliding_window=4, prompt_slice=2)
+    assert dec.align == "right" and dec.prompt_slice == 0
+    ids = np.array([[5, 6, 7, 8, 9]], np.int64)
+    decode_along(dec, ids, np.ones_like(ids), steps=3)
+    assert dec.engine.contexts[0].runs == 1
+
+
+def test_greedy_tokens_after_a_sliced_prompt_equal_those_after_the_whole(open_decoder):
+    from trt_seer.runtime.generate import Sampling, generate_ids
+
+    prompts = [[3, 7, 7, 1, 9, 2, 5], [4, 12, 4]]
+    want = list(generate_ids(open_decoder("window", windows=(2, 4, 8), next_token="int64"), prompts,
+                             Sampling(max_new_tokens=4), set(), 0))
+    dec = open_decoder("window", windows=(2, 4, 8), next_token="int64", prompt_slice=3)
+    assert list(generate_ids(dec, prompts, Sampling(max_new_tokens=4), set(), 0)) == want
+    assert dec.engine.contexts[0].runs == (2 if dec.new_kv else 1)  # 3 + 3 (+ 1 on the decode profile)
 
 
 def test_a_long_prompt_starts_in_a_larger_window(open_decoder):

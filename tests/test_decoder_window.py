@@ -94,6 +94,36 @@ def test_one_buffer_holds_the_grown_cache_with_new_key_values(prompt, steps, win
         grown, new = np.concatenate([grown, kv], axis=1), as_bytes(kv)
 
 
+@pytest.mark.parametrize("staging_rows", [1, 5, ROWS])
+@pytest.mark.parametrize("prompt,size,windows", [(9, 2, (2, 4, 8, 15)), (12, 5, (4, 8, 15)), (7, 3, (15,))])
+def test_a_prompt_in_slices_fills_the_window_as_the_whole_prompt_would(prompt, size, windows, staging_rows):
+    """Left-aligned: the first slice lands like a prompt, each later one (several positions per row,
+    packed as the engine writes them) goes after the sequence, promoting the window when it outgrows
+    it; the buffer then holds the whole prompt's keys and values. Right-aligned windows take no
+    slices."""
+    rng = np.random.default_rng(prompt)
+    buf = np.zeros(ROWS * windows[-1] * ROW, np.uint8)
+    staging = np.full(staging_rows * windows[-1] * ROW, 0xFF, np.uint8)
+    whole = rng.standard_normal((ROWS, prompt, DIM)).astype(np.float16)
+    window = None
+    for past in range(0, prompt, size):
+        part = as_bytes(whole[:, past:past + size])
+        seq = min(size, prompt - past)
+        if window is None:
+            buf[:part.nbytes] = part  # the first slice, packed at the buffer's start
+        plan = keep_new(ROWS, ROW, windows, window, past, seq, "left", staging.nbytes)
+        for move in plan.moves:
+            memcpy2d(staging, buf, move.out)
+            memcpy2d(buf, staging, move.back)
+        if plan.new is not None:
+            memcpy2d(buf, part, plan.new)
+        window = plan.window
+        np.testing.assert_array_equal(in_use(buf, window, past + seq, "left")[0], whole[:, :past + seq])
+    assert window == pick_window(windows, prompt)
+    with pytest.raises(ValueError, match="left-aligned only"):
+        keep_new(ROWS, ROW, windows, windows[0], 1, 2, "right", staging.nbytes)
+
+
 def test_staged_moves_refuse_what_they_cannot_order_and_skip_what_is_in_place():
     assert staged_moves(4, (0, 16), (0, 16), 16, 64) == []
     with pytest.raises(ValueError, match="one of offset and pitch grows"):
@@ -102,15 +132,16 @@ def test_staged_moves_refuse_what_they_cannot_order_and_skip_what_is_in_place():
         staged_moves(4, (0, 16), (0, 32), 16, 8)
 
 
-def test_grow_copies_lengthen_every_row_by_the_new_position():
+@pytest.mark.parametrize("seq", [1, 4])
+def test_grow_copies_lengthen_every_row_by_the_new_positions(seq):
     past, rng = 3, np.random.default_rng(0)
     cache = rng.standard_normal((ROWS, past, DIM)).astype(np.float16)
-    kv = rng.standard_normal((ROWS, 1, DIM)).astype(np.float16)
-    out = np.full(ROWS * (past + 1) * ROW, 0xFF, np.uint8)
-    old, new = grow_copies(ROWS, ROW, past)
+    kv = rng.standard_normal((ROWS, seq, DIM)).astype(np.float16)
+    out = np.full(ROWS * (past + seq) * ROW, 0xFF, np.uint8)
+    old, new = grow_copies(ROWS, ROW, past, seq)
     memcpy2d(out, as_bytes(cache), old)
     memcpy2d(out, as_bytes(kv), new)
-    np.testing.assert_array_equal(out.view(np.float16).reshape(ROWS, past + 1, DIM), np.concatenate([cache, kv], 1))
+    np.testing.assert_array_equal(out.view(np.float16).reshape(ROWS, past + seq, DIM), np.concatenate([cache, kv], 1))
 
 
 def test_window_sizes_double_up_to_the_longest_cache():
@@ -130,3 +161,8 @@ def test_window_mask_places_the_callers_mask():
     np.testing.assert_array_equal(left[:, :4], mask[:, :4])
     np.testing.assert_array_equal(left[:, 7], mask[:, 4])
     assert not left[:, 4:7].any()
+    sliced = window_mask(mask, 7, "left", seq=3)  # past 2 + a slice of 3 new
+    assert sliced.shape == (2, 10)
+    np.testing.assert_array_equal(sliced[:, :2], mask[:, :2])
+    np.testing.assert_array_equal(sliced[:, 7:], mask[:, 2:])
+    assert not sliced[:, 2:7].any()

@@ -24,6 +24,7 @@ from trt_seer.quantize.spec import QuantStageSpec
 
 log = logging.getLogger(__name__)
 ORDER = ("fp32", "fp16", "int8", "int4")
+PROMPT_SLICE = 512  # tokens per prompt slice of chunked attention's engines by default (--prompt-slice)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class BuildRequest:
     keep_intermediates: bool = False
     dry_run: bool = False
     attention: str = "eager"  # causal LMs: "eager" or "chunked" (export/attention.py)
+    prompt_slice: int | None = None  # causal LMs: tokens per prompt slice; None: PROMPT_SLICE if chunked; 0: none
 
     def chosen(self) -> list[str]:
         """FP16 when none is given; INT8/INT4 bring their FP16 engine along, the baseline they are
@@ -68,7 +70,7 @@ class BuildResult:
 
 def build(request: BuildRequest) -> BuildResult:
     """Builds (or finds up to date) every engine `request` asks for; see the module docstring."""
-    request = with_workspace(request)
+    request = with_decoder_limits(request)
     hit = _cache_hit(request)
     if hit is not None:
         for p, m in hit.items():
@@ -84,6 +86,9 @@ def build(request: BuildRequest) -> BuildResult:
     chosen = request.chosen()
     check_profile(info, request.spec.profile)
     _check_request(info, request, chosen)
+    if request.spec.prompt_slice:
+        log.info("prompts over %d tokens run in slices of %d, each on the cache of those before it",
+                 request.spec.prompt_slice, request.spec.prompt_slice)
     if request.attention == "chunked":
         log.info("chunked attention: TensorRT workspace limit %d MiB, room for a prompt step of %d x %d tokens",
                  request.spec.workspace_mb, request.spec.profile.batch[2], request.spec.profile.seq[2])
@@ -103,23 +108,31 @@ def build(request: BuildRequest) -> BuildResult:
     return result
 
 
-def with_workspace(request: BuildRequest) -> BuildRequest:
-    """`request` with TensorRT's workspace limit raised, for chunked attention, to a bound on what the
-    scores of the profile's largest prompt step can take (export/attention.prompt_scratch_bytes)
-    where the limit given is lower. TensorRT-RTX refuses an allocation over the limit the engine is
-    built with, in the build and at run time; the limit is a ceiling, and a step allocates only what
-    its plan needs."""
-    if request.attention != "chunked":
-        return request
-    from trt_seer.export.attention import prompt_scratch_bytes
-    from trt_seer.export.families import resolve_model
-
+def with_decoder_limits(request: BuildRequest) -> BuildRequest:
+    """`request` with two engine settings of causal LMs settled (both in the engine's cache key):
+    - the prompt slice (engine/profiles.py): `request.prompt_slice`, by default PROMPT_SLICE with
+      chunked attention and none with eager; none where no prompt of the profile is longer;
+    - for chunked attention, TensorRT's workspace limit, raised where it is lower to a bound on what
+      the scores of the profile's largest prompt step take (export/attention.prompt_scratch_bytes):
+      the longest prompt at once, or a slice on the longest cache. TensorRT-RTX refuses an
+      allocation over the limit the engine is built with, in the build and at run time; the limit
+      is a ceiling, and a step allocates only what its plan needs."""
+    chunked = request.attention == "chunked"
     profile = request.spec.profile
-    need = prompt_scratch_bytes(resolve_model(request.model, request.task).config, profile.batch[2], profile.seq[2])
-    need_mb = -(-need // 2**20)
-    if need_mb <= request.spec.workspace_mb:
-        return request
-    return replace(request, spec=replace(request.spec, workspace_mb=need_mb))
+    chosen = request.prompt_slice if request.prompt_slice is not None else PROMPT_SLICE if chunked else 0
+    spec = replace(request.spec, prompt_slice=chosen if 0 < chosen < profile.seq[2] else None)
+    if chunked:
+        from trt_seer.engine.profiles import check_total
+        from trt_seer.export.attention import prompt_scratch_bytes
+        from trt_seer.export.families import resolve_model
+
+        config, batch = resolve_model(request.model, request.task).config, profile.batch[2]
+        need = prompt_scratch_bytes(config, batch, profile.seq[2])
+        if spec.prompt_slice:
+            cached = check_total(profile, spec.max_total) - 1
+            need = max(need, prompt_scratch_bytes(config, batch, spec.prompt_slice, cached))
+        spec = replace(spec, workspace_mb=max(spec.workspace_mb, -(-need // 2**20)))
+    return replace(request, spec=spec)
 
 
 def _check_request(info, request: BuildRequest, chosen: list[str]) -> None:
@@ -133,6 +146,8 @@ def _check_request(info, request: BuildRequest, chosen: list[str]) -> None:
     quant = request.quant_spec()
     if request.attention != "eager" and info.task != "causal-lm":
         raise UnsupportedError(f"--attention {request.attention} is for causal LMs; {info.name} is {info.task}")
+    if request.prompt_slice and info.task != "causal-lm":
+        raise UnsupportedError(f"--prompt-slice is for causal LMs; {info.name} is {info.task}")
     if "int4" in chosen and info.task != "causal-lm":
         raise UnsupportedError(f"--int4 is weight-only quantization for decoding; {info.name} is {info.task}, "
                                "use --int8")

@@ -69,6 +69,17 @@ def check_step(input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: 
     return seq
 
 
+def prompt_slices(feeds: dict, size: int) -> list[dict]:
+    """A prompt's feeds {input_ids, attention_mask, position_ids} as consecutive slices of at most
+    `size` tokens, each with the attention mask up to its end; [feeds] for `size` 0 or a prompt no
+    longer than it."""
+    seq = feeds["input_ids"].shape[1]
+    if not size or seq <= size:
+        return [feeds]
+    return [{"input_ids": feeds["input_ids"][:, a:a + size], "attention_mask": feeds["attention_mask"][:, :a + size],
+             "position_ids": feeds["position_ids"][:, a:a + size]} for a in range(0, seq, size)]
+
+
 def position_ids(mask: np.ndarray, seq: int | None = None) -> np.ndarray:
     """Positions of the last `seq` tokens (all for None), counting real tokens only: left padding
     does not shift them. (batch, seq) int64."""

@@ -172,7 +172,8 @@ def engine_extra(onnx_record: dict, onnx_path: Path, spec) -> dict:
         from trt_seer.engine.profiles import check_total
 
         extra["decoder"] = {**extra["decoder"], "max_batch": spec.profile.batch[2],
-                            "max_prompt": spec.profile.seq[2], "max_total": check_total(spec.profile, spec.max_total)}
+                            "max_prompt": spec.profile.seq[2], "max_total": check_total(spec.profile, spec.max_total),
+                            "prompt_slice": spec.prompt_slice}
     extra["onnx_record"] = manifest.record_path(onnx_path).name
     # Measured on the ONNX graph (each entry's measured_on says where), not on this engine: `diff`
     # writes the engine's own under "accuracy" where the engine runs.
@@ -233,7 +234,8 @@ def sampler_engine(art: Artifacts, name: str, vocab: int, logits_dtype: str, spe
     from trt_seer.export.families import ShapeProfile
     from trt_seer.runtime.sampling import DRAWS
 
-    spec = replace(spec, precision="sampler", max_total=None, profile=ShapeProfile(spec.profile.batch, (1, 1, 1)))
+    spec = replace(spec, precision="sampler", max_total=None, prompt_slice=None,
+                   profile=ShapeProfile(spec.profile.batch, (1, 1, 1)))
     onnx_path = sampler.sampler_onnx(art.path(f"sampler.{logits_dtype}.onnx"), vocab, logits_dtype)
     engine_path = art.path(f"sampler.{logits_dtype}.engine")
     sha = onnxio.sha256(onnx_path)

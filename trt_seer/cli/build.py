@@ -63,6 +63,10 @@ def add_parser(subparsers, common):
                    help="causal LMs: export attention as it is (eager, default) or cut the cache into chunks "
                         "(chunked: faster decode at long contexts; slower prompts that hold every score in GPU memory; "
                         "docs/DESIGN.md)")
+    p.add_argument("--prompt-slice", type=common.non_negative_int, default=None, metavar="N",
+                   help="causal LMs: run prompts longer than N tokens N at a time, each slice on the cache of "
+                        "those before it, so that a prompt step's memory follows N, not the prompt squared "
+                        "(default 512 with --attention chunked; 0, and eager's default: the whole prompt at once)")
     common.add_output_args(p)
     p.add_argument("--force", action="store_true", help="rebuild every stage even when up to date")
     p.add_argument("--dry-run", action="store_true",
@@ -99,7 +103,8 @@ def request_from_args(args):
     return BuildRequest(model=args.model, task=args.task, out=Path(args.out),
                         precisions=tuple(p for p in ORDER if getattr(args, p, False)),
                         spec=build_spec(args, "fp16"), quant=QuantStageSpec.from_args(args), force=args.force,
-                        keep_intermediates=args.keep_intermediates, dry_run=args.dry_run, attention=args.attention)
+                        keep_intermediates=args.keep_intermediates, dry_run=args.dry_run, attention=args.attention,
+                        prompt_slice=args.prompt_slice)
 
 
 def run(args) -> int:

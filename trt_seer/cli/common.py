@@ -39,12 +39,20 @@ def int_list(text: str) -> tuple[int, ...]:
 
 
 def positive_int(text: str) -> int:
+    return _int_from(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _int_from(text, 0)
+
+
+def _int_from(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {text!r}")
     return value
 
 

@@ -36,6 +36,7 @@ class BuildSpec:
     hardware_compat: str | None = None  # None | "ampere+" | "same-cc" (full TensorRT)
     compute_caps: tuple[str, ...] = ()  # TensorRT-RTX targets, e.g. ("7.5",)
     max_total: int | None = None  # decoders: longest prompt + generated tokens (profiles.py)
+    prompt_slice: int | None = None  # decoders: the prefill profile takes slices of this many on a cache
     detailed: bool = False  # keep per-layer information for the engine inspector
     verbose: bool = False
 
@@ -44,8 +45,9 @@ class BuildSpec:
         d["profile"] = self.profile.to_dict()
         d["compute_caps"] = list(self.compute_caps)
         d.pop("verbose")
-        if d["max_total"] is None:  # encoders: keep the cache keys of earlier builds
-            d.pop("max_total")
+        for key in ("max_total", "prompt_slice"):  # unset: keep the cache keys of earlier builds
+            if d[key] is None:
+                d.pop(key)
         return d
 
 
@@ -83,7 +85,7 @@ def _parse(flavor, builder, onnx_path: Path):
 
 def network_profiles(network, spec: BuildSpec) -> list[tuple[str, dict]]:
     inputs = {t.name: tuple(t.shape) for t in (network.get_input(i) for i in range(network.num_inputs))}
-    return profiles.profiles_for(inputs, spec.profile, spec.max_total)
+    return profiles.profiles_for(inputs, spec.profile, spec.max_total, spec.prompt_slice)
 
 
 def _add_profiles(builder, config, chosen: list[tuple[str, dict]]) -> None:

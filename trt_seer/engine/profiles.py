@@ -5,7 +5,9 @@ Encoders get one profile over (batch, seq) inputs. Decoders with a KV cache (inp
 
 - profile 0, `decode`: one new token per row (seq 1) on a cache of 1 .. total-1 positions, the
   step that runs once per generated token and so the one the builder should tune for;
-- profile 1, `prefill`: the prompt (seq from the profile's seq range) on an empty cache.
+- profile 1, `prefill`: the prompt (seq from the profile's seq range) on an empty cache; with a
+  prompt slice (`build --prompt-slice N`), also up to N tokens on a cache as long as the decode
+  profile's, so that the runtime can take a long prompt N tokens at a time (runtime/decoder_trt.py).
 
 Plain functions over TensorRT's network description; no TensorRT import of their own.
 """
@@ -45,21 +47,26 @@ def _kv(shape: tuple, batch: int, past: int) -> tuple[int, ...]:
     return (batch, heads, past, head_dim)
 
 
-def decoder_profiles(inputs: dict[str, tuple], profile: ShapeProfile, total: int) -> list[tuple[str, dict]]:
-    """[(name, {input: (min, opt, max)})] for the decode and prefill profiles."""
+def decoder_profiles(inputs: dict[str, tuple], profile: ShapeProfile, total: int,
+                     prompt_slice: int | None = None) -> list[tuple[str, dict]]:
+    """[(name, {input: (min, opt, max)})] for the decode and prefill profiles (`prompt_slice`: the
+    module docstring)."""
     (b0, b1, b2), (s0, s1, s2) = profile.batch, profile.seq
     t1 = max(2, (s1 + total) // 2)  # a typical position mid-generation
+    cached = total - 1 if prompt_slice else 0  # the longest cache a prompt step reads
+    first = 1 if prompt_slice else s0  # a prompt's last slice may be a single token
+    mask_max = max(s2, cached + (prompt_slice or 0))
     decode, prefill = {}, {}
     for name, shape in inputs.items():
         if name.startswith(PAST_PREFIX):
             decode[name] = (_kv(shape, b0, 1), _kv(shape, b1, t1 - 1), _kv(shape, b2, total - 1))
-            prefill[name] = (_kv(shape, b0, 0), _kv(shape, b1, 0), _kv(shape, b2, 0))
+            prefill[name] = (_kv(shape, b0, 0), _kv(shape, b1, 0), _kv(shape, b2, cached))
         elif name == "attention_mask":
             decode[name] = ((b0, 2), (b1, t1), (b2, total))
-            prefill[name] = ((b0, s0), (b1, s1), (b2, s2))
+            prefill[name] = ((b0, first), (b1, s1), (b2, mask_max))
         elif len(shape) == 2:  # input_ids, position_ids
             decode[name] = ((b0, 1), (b1, 1), (b2, 1))
-            prefill[name] = ((b0, s0), (b1, s1), (b2, s2))
+            prefill[name] = ((b0, first), (b1, s1), (b2, s2))
         else:
             raise BuildError(f"decoder input {name} of shape {list(shape)} is not part of the KV-cache layout")
     return [(DECODE, decode), (PREFILL, prefill)]
@@ -75,9 +82,10 @@ def batch_profile(inputs: dict[str, tuple], profile: ShapeProfile) -> dict[str, 
     return {name: tuple((b, *shape[1:]) for b in profile.batch) for name, shape in inputs.items()}
 
 
-def profiles_for(inputs: dict[str, tuple], profile: ShapeProfile, total: int | None) -> list[tuple[str, dict]]:
+def profiles_for(inputs: dict[str, tuple], profile: ShapeProfile, total: int | None,
+                 prompt_slice: int | None = None) -> list[tuple[str, dict]]:
     if is_decoder(inputs):
-        return decoder_profiles(inputs, profile, check_total(profile, total))
+        return decoder_profiles(inputs, profile, check_total(profile, total), prompt_slice)
     if batch_only(inputs):
         return [("batch", batch_profile(inputs, profile))]
     return [("default", encoder_profile(inputs, profile))]

@@ -40,16 +40,17 @@ def export_cases(trace: tuple, verify: tuple) -> tuple[tuple, tuple]:
     return (batch, seq, past + 2 * CHUNKS), (*verify, (2, 1, 3 * CHUNKS + 4), (1, 2, 2 * CHUNKS - 2))
 
 
-def prompt_scratch_bytes(config: dict, batch: int, seq: int) -> int:
-    """A bound on the GPU memory a prompt step of `batch` x `seq` tokens on an empty cache takes for
-    this form's scores: every query head's row against every position of the padded cache, as the
-    FP16 GEMM's output, float32 scores and exponentials, FP16 weights, and the float32 mask shared by
-    the key/value heads. TensorRT keeps them in its workspace (eager attention's prompt runs as one
-    fused kernel that does not); the engine build's workspace limit must leave room for them."""
+def prompt_scratch_bytes(config: dict, batch: int, seq: int, past: int = 0) -> int:
+    """A bound on the GPU memory a prompt step of `batch` x `seq` tokens on a cache of `past`
+    positions takes for this form's scores: every query head's row against every position of the
+    padded cache, as the FP16 GEMM's output, float32 scores and exponentials, FP16 weights, and the
+    float32 mask shared by the key/value heads. TensorRT keeps them in its workspace (eager
+    attention's prompt runs as one fused kernel that does not); the engine build's workspace limit
+    must leave room for them."""
     from trt_seer.export.decoder import attention_heads
 
     heads, kv_heads = attention_heads(config)
-    padded = (seq + CHUNKS - 1) // CHUNKS * CHUNKS
+    padded = (past + seq + CHUNKS - 1) // CHUNKS * CHUNKS
     scores = batch * heads * seq * padded
     return scores * (2 + 4 + 4 + 2) + scores * 4 // kv_heads
 

@@ -16,14 +16,15 @@ def shared_scratch(flavor, engine):
     return kinds.USER_MANAGED, cuda.DeviceBuffer(max(1, int(engine.device_memory_size_v2)))
 
 
-def new_kv_buffers(rows: int, total: int, row_bytes: int, cache: str, scratch, stream):
+def new_kv_buffers(rows: int, total: int, row_bytes: int, cache: str, scratch, stream, new_positions: int = 1):
     """Engines with `new_key_values`: (the cache once, [layer][batch][head][window][dim] of
-    `total` - 1 positions ("grow": two of `total`, swapping), the step's new position per row, a
-    staging buffer for moves within the cache: `scratch` (free between steps) where it holds a row)."""
+    `total` - 1 positions ("grow": two of `total`, swapping), the step's `new_positions` per row (a
+    decode step's one, or a prompt slice's), a staging buffer for moves within the cache: `scratch`
+    (free between steps) where it holds a row)."""
     kv = [cuda.DeviceBuffer(rows * n * row_bytes) for n in ((total - 1,) if cache == "window" else (total, total))]
     for buf in kv:  # slots are masked until used, but must hold numbers (NaN * 0 is NaN)
         cuda.memset_async(buf.device_ptr, 0, buf.nbytes, stream)
-    new = cuda.DeviceBuffer(rows * row_bytes)
+    new = cuda.DeviceBuffer(rows * new_positions * row_bytes)
     widest = (total - 1) * row_bytes
     stage = scratch if scratch is not None and scratch.nbytes >= widest else cuda.DeviceBuffer(widest * min(rows, 64))
     return kv, new, stage

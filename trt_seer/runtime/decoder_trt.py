@@ -8,6 +8,9 @@
 The KV cache never leaves the GPU; only the step's token ids, mask and positions go up, and only
 the last position's logits come back. The engine has two optimization profiles (engine/profiles.py):
 `decode` (one token per row) and `prefill` (the prompt on an empty cache), one execution context each.
+Engines whose manifest gives `decoder.prompt_slice` (built with `--prompt-slice`) take a prompt
+longer than that as slices, each on the prefill profile with the cache of the slices before it: a
+prompt step's attention scores then grow with the slice, not with the prompt squared.
 
 Two cache layouts (`cache=`):
 - "window" (default): a decode step reads a window of fixed size and address, so the runtime replays
@@ -42,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, check_step, is_past, new_of, present_of
+from trt_seer.decoder_io import NEXT_TOKEN, TOKEN_INPUTS, check_step, is_past, new_of, present_of, prompt_slices
 from trt_seer.engine import manifest as manifest_io
 from trt_seer.errors import InputError, TrtSeerError, UnsupportedError
 import trt_seer.runtime.cuda as cuda
@@ -112,6 +115,7 @@ class TensorRTDecoder:
         self.align = align or default_align(self.decoder, self.windows[-1])
         if self.align not in ALIGNS:
             raise InputError(f"align must be one of {', '.join(ALIGNS)}, got {align!r}")
+        self.prompt_slice = self._slice_size()
         self._user, self._scratch = shared_scratch(self.flavor, self.engine)
         self._prefill = self._context(1 if self.engine.num_optimization_profiles > 1 else 0, decode=False)
         self._decode = {}  # window size (or "grow") -> its decode context, made on first use
@@ -139,6 +143,13 @@ class TensorRTDecoder:
         self.vocab = int(self.engine.get_tensor_shape("logits")[-1])
         self.next_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(NEXT_TOKEN))) if NEXT_TOKEN in names else None
         self.pipelines = self.next_dtype == np.int64  # greedy_tokens feeds next_token back as input_ids
+
+    def _slice_size(self) -> int:
+        """Tokens per prompt slice (0: a prompt runs whole): the manifest's `decoder.prompt_slice`
+        (the engine's prefill profile takes a cache), where this layout takes slices: engines with
+        `new_key_values`, the window left-aligned or "grow"."""
+        size = int(self.decoder.get("prompt_slice") or 0)
+        return size if self.new_kv and (self.cache == "grow" or self.align == "left") else 0
 
     def _device_sampler(self):
         """The sampler engine beside this one (runtime/sampler_trt.py), when it can feed its tokens back."""
@@ -183,7 +194,7 @@ class TensorRTDecoder:
         self._new = self._stage = None
         if self.new_kv:
             self._kv, self._new, self._stage = new_kv_buffers(layers * b * self.kv_heads, t, self._row, self.cache,
-                                                              self._scratch, self.stream)
+                                                              self._scratch, self.stream, max(1, self.prompt_slice))
         elif self.cache == "window":  # [layer][batch][head][window][dim], read by the step; its output
             self._kv = [cuda.DeviceBuffer(layers * b * self.kv_heads * n * self._row) for n in (t - 1, t)]
         else:  # two [batch][head][total][dim] buffers per layer, swapping roles every step
@@ -254,15 +265,31 @@ class TensorRTDecoder:
                  ids_on_device: bool = False, then=None) -> None:
         """Enqueues one step: the feeds up from `lane`'s host memory (`input_ids` instead copied on the
         device from the last `next_token` where `ids_on_device`), the engine, the cache kept, then
-        `out_bytes` from `out_ptr` down to `host_ptr`; `lane.end` recorded after it. No wait. `then()`,
-        where given, enqueues more work on the step's output before the copy down (the sampler)."""
-        seq = self._check(feeds)
+        `out_bytes` from `out_ptr` down to `host_ptr`; `lane.end` recorded after it. No wait, but for a
+        prompt longer than `prompt_slice`: it runs as slices, each on the cache of those before it,
+        and the host waits for each slice's feeds to be up before it writes the next's into the lane.
+        `then()`, where given, enqueues more work on the step's output before the copy down (the sampler)."""
+        self._check(feeds)
+        parts = prompt_slices(feeds, self.prompt_slice) if self.past == 0 else [feeds]
+        for i, part in enumerate(parts):
+            if i:
+                self.stream.synchronize()
+            self._launch(part, lane, ids_on_device, first=i == 0)
+        if then is not None:
+            then()
+        cuda.copy_async(host_ptr, out_ptr, out_bytes, "DeviceToHost", self.stream.handle)
+        lane.end.record(self.stream.handle)
+
+    def _launch(self, feeds: dict, lane: Lane, ids_on_device: bool, first: bool) -> None:
+        """The feeds up, the engine on them, the cache kept (`lane.start` recorded before the engine
+        where `first`)."""
+        seq = feeds["input_ids"].shape[1]
         decode = seq == 1 and self.past > 0
         window = self.cache == "window"
         ctx = self._decode_context(self.window if window else "grow") if decode else self._prefill
         stream = self.stream.handle
-        if window and decode:
-            feeds["attention_mask"] = window_mask(feeds["attention_mask"], self.window, self.align)
+        if window and self.past:
+            feeds = {**feeds, "attention_mask": window_mask(feeds["attention_mask"], self.window, self.align, seq)}
         rebind = not (window and decode and self._bound.get(self.window) == self.batch)
         for name, value in feeds.items():
             buf = self._small[name]
@@ -279,7 +306,8 @@ class TensorRTDecoder:
             ctx.set_tensor_address("logits", self._logits.device_ptr)
             if self._next is not None:
                 ctx.set_tensor_address(NEXT_TOKEN, self._next.device_ptr)
-        lane.start.record(stream)
+        if first:
+            lane.start.record(stream)
         if not ctx.execute_async_v3(int(stream)):
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
             hint = (f" (a step of {self.batch} x {seq} tokens needs more GPU memory than it could get: fewer or "
@@ -288,10 +316,6 @@ class TensorRTDecoder:
             raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}{hint}")
         if window or self.new_kv:
             self._keep(seq, decode)
-        if then is not None:
-            then()
-        cuda.copy_async(host_ptr, out_ptr, out_bytes, "DeviceToHost", stream)
-        lane.end.record(stream)
         self._cur, self.past = 1 - self._cur, self.past + seq
 
     def greedy_tokens(self, input_ids: np.ndarray, attention_mask: np.ndarray, count: int) -> Iterator[np.ndarray]:
@@ -340,17 +364,17 @@ class TensorRTDecoder:
             self._bound[self.window] = self.batch
 
     def _bind_new(self, ctx, seq: int, decode: bool) -> None:
-        """`new_key_values` engines: the past from the cache buffer, the step's keys and values into
-        `_new` (a decode step) or packed at the start of the buffer the cache goes to (the prompt)."""
+        """`new_key_values` engines: the past from the cache buffer (none for a prompt's first step),
+        the step's keys and values into `_new` (on a cache) or packed at the start of the buffer the
+        cache goes to (on an empty one)."""
         per_head, grow = self.batch * self.kv_heads, self.cache == "grow"
-        past_len = self.past if grow else (self.window if decode else 0)
+        past_len = self.past if grow else (self.window if self.past else 0)
         past_buf, out_buf = (self._kv[self._cur], self._kv[1 - self._cur]) if grow else (self._kv[0], self._kv[0])
         for i, (past, new) in enumerate(zip(self.past_names, self.present_names)):
             # an empty past is read from nowhere; its address only has to differ from the outputs'
             at = past_buf.device_ptr + i * per_head * past_len * self._row if past_len else self._new.device_ptr
             self._bind(ctx, past, (self.batch, self.kv_heads, past_len, self.head_dim), at)
-            ctx.set_tensor_address(new, self._new.device_ptr + i * per_head * self._row if decode
-                                   else out_buf.device_ptr + i * per_head * seq * self._row)
+            ctx.set_tensor_address(new, (self._new if self.past else out_buf).device_ptr + i * per_head * seq * self._row)
         if decode and not grow:
             self._bound[self.window] = self.batch
 
@@ -363,7 +387,7 @@ class TensorRTDecoder:
         """Window layout: the step's new keys and values into the window, or the whole `present` into
         the next window when the sequence outgrows this one (module docstring, runtime/kv_window.py)."""
         if self.new_kv:
-            return self._keep_new(seq, decode)
+            return self._keep_new(seq)
         rows, used = len(self.past_names) * self.batch * self.kv_heads, self.past + seq
         if decode and used <= self.window:
             c = (append_copy(rows, self.window, self._row, self.past) if self.align == "left"
@@ -376,18 +400,18 @@ class TensorRTDecoder:
             self._copy(land_copy(rows, target, self._row, self.window + 1 if decode else seq, self.align))
         self.window = target
 
-    def _keep_new(self, seq: int, decode: bool) -> None:
+    def _keep_new(self, seq: int) -> None:
         """`new_key_values` engines: the step's keys and values into the cache (kv_window.keep_new;
-        "grow": the cache into the other buffer, one position longer, then the new one)."""
+        "grow": the cache into the other buffer, `seq` positions longer, then the new ones)."""
         rows = len(self.past_names) * self.batch * self.kv_heads
         if self.cache == "grow":
-            if decode:
+            if self.past:
                 to, old = self._kv[1 - self._cur], self._kv[self._cur]
-                grown, new = grow_copies(rows, self._row, self.past)
+                grown, new = grow_copies(rows, self._row, self.past, seq)
                 self._copy(grown, to, old)
                 self._copy(new, to, self._new)
             return
-        plan = keep_new(rows, self._row, self.windows, self.window if decode else None, self.past, seq,
+        plan = keep_new(rows, self._row, self.windows, self.window if self.past else None, self.past, seq,
                         self.align, self._stage.nbytes)
         kv = self._kv[0]
         for move in plan.moves:

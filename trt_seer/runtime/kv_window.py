@@ -19,6 +19,9 @@ Engines built by this version give `new_key_values` (the step's own keys and val
 position into its slot, and moves within the one buffer (a promotion to the next window, the
 right-aligned slide, the prompt's landing from where the engine wrote it) go through a staging
 buffer in chunks of rows (`staged_moves`), ordered so that no chunk overwrites rows not yet moved.
+A long prompt may run in slices (the engine's `decoder.prompt_slice`): the first lands as a whole
+prompt does; each later slice reads the window as a decode step does (`window_mask` with `seq` new
+tokens) and its keys and values go after the sequence, so that layout is left-aligned only.
 """
 from __future__ import annotations
 
@@ -105,15 +108,17 @@ def slide_copy(rows: int, window: int, row_bytes: int) -> Copy2D:
     return Copy2D(0, w, row_bytes, w + row_bytes, w, rows)
 
 
-def window_mask(mask: np.ndarray, window: int, align: str) -> np.ndarray:
-    """A decode step's [batch, past + 1] mask over the window's [batch, window + 1] slots, 0 elsewhere:
-    left, the past in the first slots and the new token in the last; right, all right-aligned."""
-    out = np.zeros((mask.shape[0], window + 1), np.int64)
+def window_mask(mask: np.ndarray, window: int, align: str, seq: int = 1) -> np.ndarray:
+    """A step's [batch, past + seq] mask over the window's [batch, window + seq] slots, 0 elsewhere:
+    left, the past in the first slots and the `seq` new tokens after the window; right, all
+    right-aligned."""
+    out = np.zeros((mask.shape[0], window + seq), np.int64)
     if align == "left":
-        out[:, :mask.shape[1] - 1] = mask[:, :-1]
-        out[:, window] = mask[:, -1]
+        past = mask.shape[1] - seq
+        out[:, :past] = mask[:, :past]
+        out[:, window:] = mask[:, past:]
     else:
-        out[:, window + 1 - mask.shape[1]:] = mask
+        out[:, window + seq - mask.shape[1]:] = mask
     return out
 
 
@@ -168,12 +173,15 @@ class Keep(NamedTuple):
 def keep_new(rows: int, row_bytes: int, windows: tuple[int, ...], window: int | None, past: int, seq: int,
              align: str, staging_bytes: int) -> Keep:
     """The window layout after a step of `seq` tokens on `past` cached ones (`window`: the one the
-    step read; None for the prompt, whose keys and values the engine wrote packed at the buffer's
-    start, `seq` per row)."""
+    step read, its new keys and values packed, `seq` per row; None for the prompt's first step, whose
+    keys and values the engine wrote packed at the buffer's start). A step of several tokens on a
+    window (a prompt's later slice) is laid out left-aligned only."""
     used = past + seq
+    if window is not None and seq > 1 and align != "left":
+        raise ValueError("a step of several tokens on a window is laid out left-aligned only")
     if window is not None and used <= window:
         if align == "left":
-            return Keep([], slot_copy(rows, window, row_bytes, past), window)
+            return Keep([], slot_copy(rows, window, row_bytes, past, seq), window)
         w = window * row_bytes
         return Keep(staged_moves(rows, (row_bytes, w), (0, w), w - row_bytes, staging_bytes),
                     slot_copy(rows, window, row_bytes, window - 1), window)
@@ -184,11 +192,13 @@ def keep_new(rows: int, row_bytes: int, windows: tuple[int, ...], window: int | 
     land = 0 if align == "left" else target - used
     moves = staged_moves(rows, (0, held * row_bytes), (land * row_bytes, target * row_bytes), held * row_bytes,
                          staging_bytes)
-    return Keep(moves, None if window is None else slot_copy(rows, target, row_bytes, land + held), target)
+    # right-aligned, a promoted window was full (past == window): the new position follows it
+    return Keep(moves, None if window is None else slot_copy(rows, target, row_bytes, land + past, seq), target)
 
 
-def grow_copies(rows: int, row_bytes: int, past: int) -> tuple[Copy2D, Copy2D]:
+def grow_copies(rows: int, row_bytes: int, past: int, seq: int = 1) -> tuple[Copy2D, Copy2D]:
     """The "grow" layout on an engine with `new_key_values`: the cache of `past` positions per row
-    into the other buffer at pitch past + 1, then the step's new position into slot `past`."""
+    into the other buffer at pitch past + seq, then the step's `seq` new positions into slot `past`."""
     width = past * row_bytes
-    return Copy2D(0, width + row_bytes, 0, width, width, rows), slot_copy(rows, past + 1, row_bytes, past)
+    return (Copy2D(0, width + seq * row_bytes, 0, width, width, rows),
+            slot_copy(rows, past + seq, row_bytes, past, seq))
