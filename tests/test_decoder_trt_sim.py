@@ -311,16 +311,16 @@ def test_sequences_move_up_the_window_ladder_with_the_same_logits(open_decoder, 
 @pytest.mark.parametrize("cache,windows", [("window", (2, 4, 8)), ("window", None), ("grow", None)])
 @pytest.mark.parametrize("size", [2, 3])
 def test_a_prompt_longer_than_the_slice_runs_in_slices_with_the_same_logits(open_decoder, cache, windows, size):
-    """An engine whose manifest gives `prompt_slice` takes an 8-token prompt (row 1 left-padded by 3)
+    """An engine whose manifest gives `prompt_slice` takes 8-token prompts (row 1 left-padded by 3)
     `size` tokens at a time, each slice on the prefill profile over the cache so far (the window it
     sits in, or the grown cache), a last single token on the decode profile; the logits after the
     prompt and at every step after equal the whole sequence's at once. `present` engines (built
     before slices) take the prompt whole."""
     dec = open_decoder(cache, windows=windows, prompt_slice=size)
-    ids = np.array([[3, 7, 7, 1, 9, 2, 5, 11], [0, 0, 0, 4, 12, 4, 6, 1]], np.int64)
+    ids = np.array([[3, 7, 7, 1, 9, 2, 5, 11], [0, 0, 0, 4, 12, 4, 6, 1], [1, 2, 3, 4, 5, 6, 7, 8]], np.int64)
     mask = np.ones_like(ids)
     mask[1, :3] = 0
-    decode_along(dec, ids, mask, steps=MAX_TOTAL - 8)
+    decode_along(dec, ids, mask, steps=MAX_TOTAL - 8)  # the engine's largest batch: the buffers' widest masks
     prefill = dec.engine.contexts[0]
     slices = [min(size, 8 - a) for a in range(0, 8, size)] if dec.new_kv else [8]
     assert dec.prompt_slice == (size if dec.new_kv else 0)
@@ -329,7 +329,7 @@ def test_a_prompt_longer_than_the_slice_runs_in_slices_with_the_same_logits(open
         last = max(a for a in range(0, 8, size) if 8 - a > 1)
         held = last if cache == "grow" else next(w for w in dec.windows if w >= last)
         assert prefill.shapes["past_key_values.0.key"][2] == held
-        assert prefill.shapes["attention_mask"] == (2, held + min(size, 8 - last))
+        assert prefill.shapes["attention_mask"] == (3, held + min(size, 8 - last))
 
 
 def test_a_right_aligned_window_takes_the_prompt_whole(open_decoder):

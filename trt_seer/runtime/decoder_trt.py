@@ -200,7 +200,9 @@ class TensorRTDecoder:
         else:  # two [batch][head][total][dim] buffers per layer, swapping roles every step
             kv_bytes = _nbytes((b, self.kv_heads, t, self.head_dim), self.kv_dtype)
             self._kv = [[cuda.DeviceBuffer(kv_bytes) for _ in self.past_names] for _ in range(2)]
-        self._small = {n: cuda.DeviceBuffer(_nbytes((b, t), np.int64)) for n in SMALL_INPUTS}
+        # a prompt slice's mask spans the largest window and the slice
+        widest = {"attention_mask": t + max(0, self.prompt_slice - 1)}
+        self._small = {n: cuda.DeviceBuffer(_nbytes((b, widest.get(n, t)), np.int64)) for n in SMALL_INPUTS}
         self._lane = Lane(self._small, b)
         self.lanes = (self._lane, Lane(self._small, b))  # runtime/fed_back.py: two steps in flight
         self._logits = cuda.HostDeviceBuffer(_nbytes((b, 1, self.vocab), self.logits_dtype))
