@@ -27,15 +27,32 @@ def engines(tmp_path_factory):
     reason = runtime.tensorrt_unavailable_reason()
     if reason is not None:
         pytest.skip(f"no TensorRT that runs on this GPU: {reason}")
-    root = tmp_path_factory.mktemp("gen-gpu")
+    return tiny_engines(tmp_path_factory.mktemp("gen-gpu"), "--int8", "--int4", "--int4-block", "32",
+                        "--max-ppl-increase", "1.0", "--min-agreement", "0.0")
+
+
+def tiny_engines(root, *options):
+    """A tiny Llama (with a tokenizer) built into root/out with BUILD, FP16 and `options`, its graphs
+    kept: (checkpoint, out)."""
     ckpt = make_tiny_checkpoint("llama", "causal-lm", root / "llama", initializer_range=0.3)
     save_tokenizer(ckpt)
     out = root / "out"
-    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(ckpt), "--fp16", "--int8",
-                        "--int4", "--int4-block", "32", "--max-ppl-increase", "1.0", "--min-agreement", "0.0",
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(ckpt), "--fp16", *options,
                         "--keep-intermediates", *BUILD, "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     return ckpt, out
+
+
+def assert_close(got: list, want: list, tolerance: float) -> None:
+    """Step logits of two backends on the same graph and tokens. TensorRT accumulates in FP16 where
+    ONNX Runtime's CPU kernels use FP32, so logits differ by a few percent of their spread; a random
+    tiny model has near ties, so one flipped top-1 in a step of 2 rows is no failure."""
+    agree = []
+    for i, (g, w) in enumerate(zip(got, want)):
+        rel = np.sqrt(np.mean((g - w) ** 2) / np.mean((w - w.mean(-1, keepdims=True)) ** 2))
+        assert rel <= tolerance, f"step {i}: relative RMS difference {rel:.3f}"
+        agree += list(g.argmax(-1) == w.argmax(-1))
+    assert np.mean(agree) >= 0.8, f"top-1 agreement {np.mean(agree):.2f} over {len(agree)} positions"
 
 
 def _steps(step, ids: np.ndarray, n: int, pad: int = 0, tokens: list | None = None) -> tuple[list, list]:
@@ -77,15 +94,7 @@ def test_engine_steps_match_onnx_runtime(engines, precision, cache):
         got, _ = _steps(dec, ids, 10, pad=4, tokens=tokens)
         assert dec.kv_cache_bytes > 0
         again, _ = _steps(dec, ids[:2, :5], 3, tokens=tokens_again)  # a second batch on the same decoder
-    # The same graph on two backends, fed the same tokens: TensorRT accumulates in FP16 where
-    # ONNX Runtime's CPU kernels use FP32, so logits differ by a few percent of their spread.
-    agree = []
-    for i, (g, w) in enumerate(zip(got + again, want + want_again)):
-        rel = np.sqrt(np.mean((g - w) ** 2) / np.mean((w - w.mean(-1, keepdims=True)) ** 2))
-        assert rel <= TOLERANCE[precision], f"step {i}: relative RMS difference {rel:.3f}"
-        agree += list(g.argmax(-1) == w.argmax(-1))
-    # a random tiny model has near ties, so one flipped top-1 in a step of 2 rows is no failure
-    assert np.mean(agree) >= 0.8, f"top-1 agreement {np.mean(agree):.2f} over {len(agree)} positions"
+    assert_close(got + again, want + want_again, TOLERANCE[precision])  # the same graph on two backends
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int4"])
@@ -93,21 +102,27 @@ def test_tokens_fed_back_on_the_device_equal_step_by_step_greedy(engines, precis
     """greedy_tokens (next_token copied into input_ids on the device, the next step enqueued before
     the host reads a token, host buffers in turns) gives the tokens of waiting for each step, across
     window promotions and with a left-padded row."""
+    _, out = engines
+    ids = np.random.default_rng(1).integers(3, 120, (3, 9)).astype(np.int64)
+    assert_fed_back_is_stepwise(out / f"llama.{precision}.engine", ids, pad=4)
+
+
+def assert_fed_back_is_stepwise(engine, ids: np.ndarray, pad: int, steps: int = 12) -> None:
+    """12 greedy tokens fed back on the device equal those of waiting for each step (row 0
+    left-padded by `pad`), in small windows so that the sequences cross promotions."""
     from trt_seer.decoder_io import position_ids
     from trt_seer.runtime.decoder_trt import TensorRTDecoder
 
-    _, out = engines
-    ids = np.random.default_rng(1).integers(3, 120, (3, 9)).astype(np.int64)
     mask = np.ones_like(ids)
-    mask[0, :4] = 0
-    with TensorRTDecoder(out / f"llama.{precision}.engine", windows=(2, 4, 8, 12, 16)) as dec:
+    mask[0, :pad] = 0
+    with TensorRTDecoder(engine, windows=(2, 4, 8, 12, 16)) as dec:
         assert dec.pipelines
-        dec.reset(3)
-        fed_back = np.stack(list(dec.greedy_tokens(ids, mask, 12)))
-        dec.reset(3)
+        dec.reset(len(ids))
+        fed_back = np.stack(list(dec.greedy_tokens(ids, mask, steps)))
+        dec.reset(len(ids))
         stepwise = [dec.next_tokens(ids, mask, position_ids(mask))]
-        for _ in range(11):
-            mask = np.concatenate([mask, np.ones((3, 1), np.int64)], 1)
+        for _ in range(steps - 1):
+            mask = np.concatenate([mask, np.ones((len(ids), 1), np.int64)], 1)
             stepwise.append(dec.next_tokens(stepwise[-1][:, None], mask, position_ids(mask, 1)))
     np.testing.assert_array_equal(fed_back, np.stack(stepwise))
 
@@ -155,10 +170,15 @@ def test_the_device_sampler_draws_the_hosts_tokens_and_feeds_them_back(engines, 
 
 
 def test_generate_on_the_engine_agrees_with_hugging_face(engines, capsys):
+    ckpt, out = engines
+    assert_generate_agrees_with_hugging_face(ckpt, out / "llama.fp16.engine", capsys)
+
+
+def assert_generate_agrees_with_hugging_face(ckpt, engine, capsys) -> list[dict]:
+    """`trt-seer generate --json` on PROMPTS gives Hugging Face's greedy tokens (95%); its results."""
     from trt_seer import cli
 
-    ckpt, out = engines
-    argv = ["generate", str(out / "llama.fp16.engine"), *[a for p in PROMPTS for a in ("--prompt", p)],
+    argv = ["generate", str(engine), *[a for p in PROMPTS for a in ("--prompt", p)],
             "--max-new-tokens", str(NEW_TOKENS), "--json"]
     assert cli.main(argv) == 0
     results = json.loads(capsys.readouterr().out)["results"]
@@ -166,6 +186,7 @@ def test_generate_on_the_engine_agrees_with_hugging_face(engines, capsys):
     pairs = [(a, b) for r, w in zip(results, want) for a, b in zip(r["token_ids"], w)]
     assert len(pairs) >= len(PROMPTS) * 2
     assert sum(a == b for a, b in pairs) / len(pairs) >= 0.95
+    return results
 
 
 def test_prompt_longer_than_the_engine_takes_is_bad_input(engines):
