@@ -203,7 +203,7 @@ def test_a_prompt_slice_gives_the_prefill_profile_a_cache_and_bounds_the_workspa
 
     built = [a for a in args[1:] if a not in ("--workspace-mb", "1")]  # GEMMs need more than the scores' 1 MiB
     r = build(*built)
-    assert "prompts over 8 tokens run in slices of 8" in r.stderr
+    assert "takes prompts over 8 tokens in slices of 8" in r.stderr
     m = manifest.read_engine_manifest(tmp_path / "out" / "ckpt.fp16.manifest.json")
     assert m["decoder"]["prompt_slice"] == 8 and m["build"]["settings"]["prompt_slice"] == 8
     decode, prefill = (p["shapes"] for p in m["optimization_profiles"])

@@ -290,12 +290,13 @@ def decode_along(dec, ids, mask, steps):
     return read
 
 
-@pytest.mark.parametrize("sliding_window,says,align", [(None, True, "left"), (11, True, "left"),
+@pytest.mark.parametrize("sliding_window,says,align", [(None, True, "left"), (12, True, "left"), (11, True, "right"),
                                                       (4, True, "right"), (None, False, "right")])
 def test_sequences_move_up_the_window_ladder_with_the_same_logits(open_decoder, sliding_window, says, align):
     """Windows 2, 4, 8 and 11: a 2-token prompt steps in the smallest window that holds it and is
     promoted when it fills it; each window has its own decode context, bound once per batch size.
-    Left-aligned only when the manifest says the attention sees the largest window."""
+    Left-aligned only when the manifest says the attention sees slot 0 from the largest window's step
+    (11 slots after it: a sliding window of 12 does, one of 11 does not)."""
     dec = open_decoder("window", windows=(2, 4, 8), sliding_window=sliding_window, says_sliding=says)
     assert dec.windows == (2, 4, 8, 11) and dec.align == align
     ids, mask = np.array([[3, 7], [0, 4]], np.int64), np.array([[1, 1], [0, 1]], np.int64)
@@ -309,11 +310,11 @@ def test_sequences_move_up_the_window_ladder_with_the_same_logits(open_decoder, 
 
 
 @pytest.mark.parametrize("cache,windows", [("window", (2, 4, 8)), ("window", None), ("grow", None)])
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, 3, 7])
 def test_a_prompt_longer_than_the_slice_runs_in_slices_with_the_same_logits(open_decoder, cache, windows, size):
     """An engine whose manifest gives `prompt_slice` takes 8-token prompts (row 1 left-padded by 3)
     `size` tokens at a time, each slice on the prefill profile over the cache so far (the window it
-    sits in, or the grown cache), a last single token on the decode profile; the logits after the
+    sits in, or the grown cache), a last single token (7 + 1) on the decode profile; the logits after the
     prompt and at every step after equal the whole sequence's at once. `present` engines (built
     before slices) take the prompt whole."""
     dec = open_decoder(cache, windows=windows, prompt_slice=size)
@@ -327,9 +328,52 @@ def test_a_prompt_longer_than_the_slice_runs_in_slices_with_the_same_logits(open
     assert prefill.runs == sum(1 for n in slices if n > 1 or len(slices) == 1)
     if dec.new_kv:  # the last slice of several tokens read the cache so far: its window, or the grown cache
         last = max(a for a in range(0, 8, size) if 8 - a > 1)
-        held = last if cache == "grow" else next(w for w in dec.windows if w >= last)
+        held = last if cache == "grow" or not last else next(w for w in dec.windows if w >= last)
         assert prefill.shapes["past_key_values.0.key"][2] == held
         assert prefill.shapes["attention_mask"] == (3, held + min(size, 8 - last))
+
+
+def test_a_slice_no_larger_than_the_engines_may_be_asked_for(open_decoder):
+    """`prompt_slice=0` runs prompts whole on an engine built for slices; a larger slice than the
+    engine's (its buffers and profile are sized for that) is refused in one line."""
+    dec = open_decoder("window", windows=(2, 4, 8), prompt_slice=3)
+    whole = decoder_trt.TensorRTDecoder(dec.path, EngineOptions(), windows=(2, 4, 8), prompt_slice=0)
+    assert (dec.prompt_slice, whole.prompt_slice) == ((3, 0) if dec.new_kv else (0, 0))
+    ids = np.array([[5, 6, 7, 8, 9, 10, 11]], np.int64)
+    decode_along(whole, ids, np.ones_like(ids), steps=2)
+    assert whole.engine.contexts[0].runs == 1
+    whole.close()
+    with pytest.raises(InputError, match=r"prompt_slice must be in 0\.\.3"):
+        decoder_trt.TensorRTDecoder(dec.path, EngineOptions(), prompt_slice=4)
+
+
+@pytest.mark.parametrize("sliding_window,slices", [(14, True), (13, False), (None, True)])
+def test_a_sliding_window_model_takes_slices_only_where_its_mask_reaches_every_slot(open_decoder,
+                                                                                  sliding_window, slices):
+    """Left-aligned windows put a slice's last query the largest window + the slice - 1 slots after
+    slot 0 (11 + 2): a sliding window that reaches no further than that takes the prompt whole."""
+    dec = open_decoder("window", windows=(2, 4, 8), sliding_window=sliding_window, prompt_slice=3)
+    assert dec.align == "left" and dec.prompt_slice == (3 if slices and dec.new_kv else 0)
+
+
+def test_a_failed_slice_leaves_an_empty_cache_for_the_next_prompt(open_decoder, monkeypatch):
+    dec = open_decoder("window", windows=(2, 4, 8), prompt_slice=2)
+    if not dec.new_kv:
+        pytest.skip("engines with present outputs take prompts whole")
+    ids = np.array([[5, 6, 7, 8, 9]], np.int64)
+    dec.reset(1)
+    real, runs = dec._prefill.execute_async_v3, []
+
+    def second_fails(stream):
+        runs.append(stream)
+        return len(runs) != 2 and real(stream)
+
+    monkeypatch.setattr(dec._prefill, "execute_async_v3", second_fails)
+    with pytest.raises(TrtSeerError, match="TensorRT failed to run"):
+        dec.step(ids, np.ones_like(ids), position_ids(np.ones_like(ids)))
+    assert (dec.past, dec.window) == (0, None)
+    got = dec.step(ids, np.ones_like(ids), position_ids(np.ones_like(ids)))
+    np.testing.assert_array_equal(got, reference(ids, np.ones_like(ids)))
 
 
 def test_a_right_aligned_window_takes_the_prompt_whole(open_decoder):

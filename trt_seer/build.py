@@ -87,7 +87,7 @@ def build(request: BuildRequest) -> BuildResult:
     check_profile(info, request.spec.profile)
     _check_request(info, request, chosen)
     if request.spec.prompt_slice:
-        log.info("prompts over %d tokens run in slices of %d, each on the cache of those before it",
+        log.info("the engine takes prompts over %d tokens in slices of %d, each on the cache of those before it",
                  request.spec.prompt_slice, request.spec.prompt_slice)
     if request.attention == "chunked":
         log.info("chunked attention: TensorRT workspace limit %d MiB, room for a prompt step of %d x %d tokens",

@@ -71,7 +71,7 @@ class TensorRTDecoder:
 
     def __init__(self, path: str | Path, options: EngineOptions = EngineOptions(), specialize: str | None = None,
                  cache: str = "window", windows: tuple[int, ...] | str | None = None, align: str | None = None,
-                 max_batch: int | None = None):
+                 max_batch: int | None = None, prompt_slice: int | None = None):
         """`cache`: "window" or "grow" (module docstring). `specialize`: TensorRT-RTX's
         dynamic-shape kernel specialization for the decode step ("eager", "lazy" or "none"). The
         default is "eager" with the window: its one shape per batch size gets kernels compiled for
@@ -85,7 +85,9 @@ class TensorRTDecoder:
         says the attention is full (null) or its window is at least the largest, right otherwise,
         including manifests that do not say. `max_batch`: the most sequences this decoder will run at
         once (default the engine's profile maximum); the KV cache is allocated for that many, so one
-        sequence on an engine built for batch 8 holds an eighth of the cache."""
+        sequence on an engine built for batch 8 holds an eighth of the cache. `prompt_slice`: tokens per
+        prompt slice, at most the manifest's `decoder.prompt_slice` (default that; 0: prompts whole);
+        buffers are sized for it."""
         specialize = specialize or ("eager" if cache == "window" else "none")
         if specialize not in SPECIALIZE:
             raise InputError(f"specialize must be one of {', '.join(SPECIALIZE)}, got {specialize!r}")
@@ -115,7 +117,7 @@ class TensorRTDecoder:
         self.align = align or default_align(self.decoder, self.windows[-1])
         if self.align not in ALIGNS:
             raise InputError(f"align must be one of {', '.join(ALIGNS)}, got {align!r}")
-        self.prompt_slice = self._slice_size()
+        self._slice = self._slice_size(prompt_slice)
         self._user, self._scratch = shared_scratch(self.flavor, self.engine)
         self._prefill = self._context(1 if self.engine.num_optimization_profiles > 1 else 0, decode=False)
         self._decode = {}  # window size (or "grow") -> its decode context, made on first use
@@ -144,12 +146,24 @@ class TensorRTDecoder:
         self.next_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(NEXT_TOKEN))) if NEXT_TOKEN in names else None
         self.pipelines = self.next_dtype == np.int64  # greedy_tokens feeds next_token back as input_ids
 
-    def _slice_size(self) -> int:
-        """Tokens per prompt slice (0: a prompt runs whole): the manifest's `decoder.prompt_slice`
-        (the engine's prefill profile takes a cache), where this layout takes slices: engines with
-        `new_key_values`, the window left-aligned or "grow"."""
-        size = int(self.decoder.get("prompt_slice") or 0)
-        return size if self.new_kv and (self.cache == "grow" or self.align == "left") else 0
+    def _slice_size(self, asked: int | None) -> int:
+        """Tokens per prompt slice (0: a prompt runs whole): `asked`, else the manifest's
+        `decoder.prompt_slice` (the engine's prefill profile takes a cache), where this layout takes
+        slices: engines with `new_key_values`, and "grow", or a left-aligned window that a
+        sliding-window mask reads no slot of as out of reach (a slice's query sits up to the largest
+        window + the slice - 1 slots after slot 0)."""
+        built = int(self.decoder.get("prompt_slice") or 0)
+        size = built if asked is None else int(asked)
+        if not 0 <= size <= built:
+            raise InputError(f"prompt_slice must be in 0..{built} (the engine's decoder.prompt_slice), got {asked}")
+        sliding = int(self.decoder.get("sliding_window") or 0)
+        fits = self.cache == "grow" or (self.align == "left" and not 0 < sliding < self.windows[-1] + size)
+        return size if self.new_kv and fits else 0
+
+    @property
+    def prompt_slice(self) -> int:
+        """Tokens per prompt slice this decoder runs (0: prompts run whole)."""
+        return self._slice
 
     def _device_sampler(self):
         """The sampler engine beside this one (runtime/sampler_trt.py), when it can feed its tokens back."""
@@ -194,14 +208,14 @@ class TensorRTDecoder:
         self._new = self._stage = None
         if self.new_kv:
             self._kv, self._new, self._stage = new_kv_buffers(layers * b * self.kv_heads, t, self._row, self.cache,
-                                                              self._scratch, self.stream, max(1, self.prompt_slice))
+                                                              self._scratch, self.stream, max(1, self._slice))
         elif self.cache == "window":  # [layer][batch][head][window][dim], read by the step; its output
             self._kv = [cuda.DeviceBuffer(layers * b * self.kv_heads * n * self._row) for n in (t - 1, t)]
         else:  # two [batch][head][total][dim] buffers per layer, swapping roles every step
             kv_bytes = _nbytes((b, self.kv_heads, t, self.head_dim), self.kv_dtype)
             self._kv = [[cuda.DeviceBuffer(kv_bytes) for _ in self.past_names] for _ in range(2)]
         # a prompt slice's mask spans the largest window and the slice
-        widest = {"attention_mask": t + max(0, self.prompt_slice - 1)}
+        widest = {"attention_mask": t + max(0, self._slice - 1)}
         self._small = {n: cuda.DeviceBuffer(_nbytes((b, widest.get(n, t)), np.int64)) for n in SMALL_INPUTS}
         self._lane = Lane(self._small, b)
         self.lanes = (self._lane, Lane(self._small, b))  # runtime/fed_back.py: two steps in flight
@@ -269,14 +283,20 @@ class TensorRTDecoder:
         device from the last `next_token` where `ids_on_device`), the engine, the cache kept, then
         `out_bytes` from `out_ptr` down to `host_ptr`; `lane.end` recorded after it. No wait, but for a
         prompt longer than `prompt_slice`: it runs as slices, each on the cache of those before it,
-        and the host waits for each slice's feeds to be up before it writes the next's into the lane.
+        and the host waits for each slice to finish before it writes the next one's feeds into the
+        lane's host buffers (the copies up read them); a failed slice leaves an empty cache.
         `then()`, where given, enqueues more work on the step's output before the copy down (the sampler)."""
         self._check(feeds)
-        parts = prompt_slices(feeds, self.prompt_slice) if self.past == 0 else [feeds]
-        for i, part in enumerate(parts):
-            if i:
-                self.stream.synchronize()
-            self._launch(part, lane, ids_on_device, first=i == 0)
+        parts = prompt_slices(feeds, self._slice) if self.past == 0 else [feeds]
+        try:
+            for i, part in enumerate(parts):
+                if i:
+                    self.stream.synchronize()
+                self._launch(part, lane, ids_on_device, first=i == 0)
+        except Exception:
+            if len(parts) > 1:  # part of a prompt in the cache is nothing to go on from
+                self.reset(self.batch)
+            raise
         if then is not None:
             then()
         cuda.copy_async(host_ptr, out_ptr, out_bytes, "DeviceToHost", self.stream.handle)

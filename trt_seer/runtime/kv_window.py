@@ -75,12 +75,12 @@ def resolve_windows(windows: tuple[int, ...] | str | None, max_total: int) -> tu
 
 def default_align(decoder: dict, largest: int) -> str:
     """"left" where the manifest's `decoder` section says the attention is full (`sliding_window`
-    null) or slides over at least the `largest` window; else "right", also where it does not say
+    null) or slides over more than the `largest` window; else "right", also where it does not say
     (a sliding-window mask needs true distances)."""
     if "sliding_window" not in decoder:
         return "right"
     sliding = int(decoder["sliding_window"] or 0)
-    return "right" if 0 < sliding < largest else "left"
+    return "right" if 0 < sliding <= largest else "left"  # the step's query sits `largest` slots after slot 0
 
 
 def pick_window(windows: tuple[int, ...], used: int) -> int | None:
