@@ -263,3 +263,24 @@ def test_attention_probe_forms_compute_the_same_attention_and_update_the_cache()
             np.testing.assert_array_equal(ck0, want)
     np.testing.assert_allclose(outs["in place"], outs["exported"], atol=1e-5)
     np.testing.assert_allclose(outs["chunked"], outs["exported"], atol=1e-5)
+
+
+def test_prompt_bench_compares_the_slices_with_the_whole_prompt_and_refuses_what_it_cannot_time(tmp_path, capsys):
+    """tools/bench_prompt.py: the table gives each form's median and range, its peak GPU memory and
+    the slices' logits against the whole prompt's; an engine that is missing is refused with exit 2."""
+    bench_prompt = load_tool("bench_prompt")
+    want = np.random.default_rng(0).standard_normal((2, 50)).astype(np.float32)
+    assert bench_prompt.compare(want, want) == (0.0, 1.0)
+    rel, top1 = bench_prompt.compare(want + 0.1 * want.std(), want)
+    assert rel == pytest.approx(0.1, rel=0.01) and top1 == 1.0  # the spread is per row, the shift overall
+    flipped = want.copy()
+    flipped[0, want[0].argmin()] = want[0].max() + 1
+    assert bench_prompt.compare(flipped, want)[1] == 0.5
+    rows = [{"batch": 8, "slice": 512, "times_ms": [3105.5, 3096.0, 3098.0, 3099.2], "peak_mib": 8013,
+             "rel_rms": 0.018, "top1": 1.0},
+            {"batch": 8, "slice": 0, "times_ms": [4391.0, 4370.5, 4377.4], "peak_mib": None}]
+    lines = bench_prompt.table(rows).splitlines()
+    assert lines[2] == "| 8 | slices of 512 | 3,098.6 (3,096.0-3,105.5) | 7.8 GiB (8,013 MiB) | 0.018, 1.00 |"
+    assert lines[3] == "| 8 | one step | 4,377.4 (4,370.5-4,391.0) | not read |  |"
+    assert bench_prompt.main([str(tmp_path / "none.engine")]) == 2
+    assert "engine not found" in capsys.readouterr().err
