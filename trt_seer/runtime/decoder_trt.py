@@ -314,7 +314,7 @@ class TensorRTDecoder(CacheSteps):
         if not ctx.execute_async_v3(int(stream)):
             why = self._logger.errors[-1].splitlines()[0] if self._logger.errors else "see the TensorRT log"
             hint = (f" (a step of {self.batch} x {seq} tokens needs more GPU memory than it could get: fewer or "
-                    "shorter prompts at once, or an engine built with a larger --workspace-mb)"
+                    "shorter prompts at once, or an engine built with a smaller --prompt-slice or a larger --workspace-mb)"
                     if "OutOfMemory" in why else "")
             raise TrtSeerError(f"TensorRT failed to run {self.path.name}: {why}{hint}")
         if window or self.new_kv:
