@@ -27,7 +27,7 @@ from trt_seer.export import onnxio
 from trt_seer.logs import quieted
 from trt_seer.export.tolerance import Tolerance
 from trt_seer.decoder_io import NEXT_TOKEN, PRESENT_PREFIX, decoder_io, exported_outputs, position_ids
-from trt_seer.export.families import ModelInfo, num_layers
+from trt_seer.export.families import ModelInfo, attention_heads, num_layers
 from trt_seer.export.rotary import stacked_rotary
 
 TRACE_CASE = (2, 5, 3)  # (batch, seq, past_seq) used for tracing; no axis of size 0 or 1
@@ -45,12 +45,6 @@ class DecoderShape:
     num_kv_heads: int
     head_dim: int
     vocab_size: int
-
-
-def attention_heads(config: dict) -> tuple[int, int]:
-    """(query heads, key/value heads) of a checkpoint's config."""
-    heads = int(config.get("num_attention_heads") or config["n_head"])
-    return heads, int(config.get("num_key_value_heads") or heads)
 
 
 def decoder_shape(config: dict) -> DecoderShape:

@@ -60,6 +60,12 @@ def num_layers(config: dict) -> int:
     return int(config.get("num_hidden_layers") or config["n_layer"])
 
 
+def attention_heads(config: dict) -> tuple[int, int]:
+    """(query heads, key/value heads) of a checkpoint's config."""
+    heads = int(config.get("num_attention_heads") or config["n_head"])
+    return heads, int(config.get("num_key_value_heads") or heads)
+
+
 @dataclass(frozen=True)
 class ShapeProfile:
     """An optimization profile: (min, opt, max) for the batch and sequence axes."""
