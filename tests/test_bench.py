@@ -433,6 +433,17 @@ def test_engine_label_comes_from_flavor_and_gpu_name():
     assert paths.label(paths.PATH_BY_KEY["torch-amp-bf16-gpu"], host) == "PyTorch AMP BF16 on GeForce RTX 4090"
 
 
+def test_benchmark_header_names_the_gpu_and_the_tensorrt_that_ran(monkeypatch):
+    monkeypatch.setattr(benchhost, "_engine_facts",
+                        lambda: ({"flavor": "tensorrt_rtx", "version": "1.7.1"}, "NVIDIA H200", None))
+    assert benchhost.engine_gpu_text() == "NVIDIA H200, tensorrt_rtx 1.7.1"
+    assert "; NVIDIA H200, tensorrt_rtx 1.7.1; " in benchhost.machine_text(benchhost.engine_gpu_text())
+    monkeypatch.setattr(benchhost, "_engine_facts", lambda: (None, "NVIDIA H200", "no TensorRT"))
+    assert benchhost.engine_gpu_text() == "NVIDIA H200"
+    monkeypatch.setattr(benchhost, "_engine_facts", lambda: ({"flavor": "tensorrt", "version": "10"}, None, "no GPU"))
+    assert benchhost.engine_gpu_text() is None
+
+
 def test_engine_profile_limits_the_batches(tmp_path):
     engine = tmp_path / "m.int8.engine"
     engine.write_bytes(b"not run here")

@@ -272,15 +272,6 @@ def measure_kernels(engines: dict[str, Path], spec, align: str | None) -> str:
     return "\n\n".join(parts)
 
 
-def _gpu_name() -> str:
-    import torch
-
-    from trt_seer.engine import trt
-
-    flavor = trt.load()
-    return f"{torch.cuda.get_device_name(0)}, {flavor.name} {flavor.version}"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -313,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--price-per-hour", type=float, default=2.5)
     args = ap.parse_args(argv)
     from trt_seer.bench.generate import GenBenchSpec, table
-    from trt_seer.bench.host import machine_text
+    from trt_seer.bench.host import engine_gpu_text, machine_text
 
     batches = tuple(int(x) for x in args.batches.split(","))
     contexts = tuple(int(x) for x in args.contexts.split(","))
@@ -358,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"in, the next token on the host). Engines: max_total {args.max_total}. TTFT: one prompt step at "
                 f"batch 1, median of {spec.repeats}. Cost at ${spec.price_per_hour}/hour.\n\n{text}\n")
         append_benchmark(args.append, f"Generation speed, {what}", "python " + " ".join(sys.argv),
-                         machine_text(None if args.cpu else _gpu_name()), body)
+                         machine_text(None if args.cpu else engine_gpu_text()), body)
     return 0
 
 

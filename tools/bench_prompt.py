@@ -114,14 +114,6 @@ def refusal(engine: Path, prompt: int) -> str | None:
     return None
 
 
-def _gpu_name() -> str | None:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("engine", type=Path)
@@ -143,7 +135,7 @@ def main(argv=None) -> int:
     text = table(measure(str(args.engine), batches, args.prompt, args.repeats))
     print(text)
     if args.append:
-        from trt_seer.bench.host import machine_text
+        from trt_seer.bench.host import engine_gpu_text, machine_text
         from trt_seer.bench.report import append_benchmark
 
         body = (f"A {args.prompt}-token prompt step on `{args.engine.name}`, taken in the engine's slices and whole, "
@@ -151,7 +143,7 @@ def main(argv=None) -> int:
                 "with its range; GPU memory the largest `nvidia-smi` reading over the process (the whole GPU); "
                 f"the slices' last logits against the whole prompt's.\n\n{text}\n")
         append_benchmark(args.append, "Long prompts in slices and whole", "python " + " ".join(sys.argv),
-                         machine_text(_gpu_name()), body)
+                         machine_text(engine_gpu_text()), body)
     return 0
 
 

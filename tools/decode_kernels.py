@@ -12,12 +12,6 @@ import sys
 from pathlib import Path
 
 
-def _gpu_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("engine", type=Path)
@@ -40,11 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     text = kernels_text(found)
     print(text)
     if args.append:
-        from trt_seer.bench.host import machine_text
+        from trt_seer.bench.host import engine_gpu_text, machine_text
         from trt_seer.bench.report import append_benchmark
 
         append_benchmark(args.append, f"Kernels per decode step, {args.engine.name} ({args.cache} cache)",
-                         "python " + " ".join(sys.argv), machine_text(_gpu_name()), text + "\n")
+                         "python " + " ".join(sys.argv), machine_text(engine_gpu_text()), text + "\n")
     return 0
 
 

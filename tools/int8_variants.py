@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.bench.host import machine_text
+from trt_seer.bench.host import engine_gpu_text, machine_text
 from trt_seer.bench.measure import TimingSpec, measure, summarize_point
 from trt_seer.bench.paths import PATH_BY_KEY
 from trt_seer.bench.report import append_benchmark
@@ -114,15 +114,8 @@ def main(argv=None) -> int:
     print(text)
     if args.append:
         command = shlex.join(["python", "tools/int8_variants.py", *(sys.argv[1:] if argv is None else argv)])
-        append_benchmark(args.append, "INT8 variants", command, machine_text(gpu_and_flavor()), text)
+        append_benchmark(args.append, "INT8 variants", command, machine_text(engine_gpu_text()), text)
     return 0
-
-
-def gpu_and_flavor() -> str:
-    from trt_seer.runtime import cuda
-
-    flavor = trt.load()
-    return f"{cuda.device_info(0).name}, {flavor.name} {flavor.version}"
 
 
 def table(results: dict) -> str:

@@ -76,6 +76,15 @@ def machine_text(gpu: str | None = None) -> str:
             f"Python {platform.python_version()}")
 
 
+def engine_gpu_text() -> str | None:
+    """The GPU engines run on and the TensorRT that runs them ("NVIDIA H200, tensorrt_rtx 1.7.1.116") for a
+    BENCHMARKS.md header; None where no GPU is visible."""
+    flavor, gpu, _ = _engine_facts()
+    if gpu is None:
+        return None
+    return f"{gpu}, {flavor['flavor']} {flavor['version']}" if flavor else gpu
+
+
 def _torch_gpu() -> tuple[str | None, str | None, bool]:
     """(GPU name, why PyTorch has no GPU or None, BF16 support)."""
     import torch
