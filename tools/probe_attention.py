@@ -204,16 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows)
     print(text)
     if args.append:
-        import torch
-
-        from trt_seer.bench.host import machine_text
+        from trt_seer.bench.host import engine_gpu_text, machine_text
         from trt_seer.bench.report import append_benchmark
 
         body = (f"A stack of {args.layers} attention blocks (32 query heads, 4 key/value heads, head size 64: the "
                 f"1.1B Llama shape), one new token per row, FP16; forms as in `tools/probe_attention.py`. Device "
                 f"time per step = the sum of its kernels over 50 runs (CUDA profiler), no CUDA graph.\n\n{text}\n")
         append_benchmark(args.append, "Decode attention forms on TensorRT", "python " + " ".join(sys.argv),
-                         machine_text(f"{torch.cuda.get_device_name(0)}, {flavor.name} {flavor.version}"), body)
+                         machine_text(engine_gpu_text()), body)
     return 0
 
 

@@ -18,6 +18,8 @@ with no unmasked position weighs 0 in the combination (its maximum is the mask's
 """
 from __future__ import annotations
 
+from trt_seer.export.families import attention_heads
+
 NAME = "trt_seer_chunked"
 CHUNKS = 64
 
@@ -47,8 +49,6 @@ def prompt_scratch_bytes(config: dict, batch: int, seq: int, past: int = 0) -> i
     float32 mask shared by the key/value heads. TensorRT keeps them in its workspace (eager
     attention's prompt runs as one fused kernel that does not); the engine build's workspace limit
     must leave room for them."""
-    from trt_seer.export.families import attention_heads
-
     heads, kv_heads = attention_heads(config)
     padded = (past + seq + CHUNKS - 1) // CHUNKS * CHUNKS
     scores = batch * heads * seq * padded
