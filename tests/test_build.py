@@ -14,6 +14,7 @@ from trt_seer.decoder_io import new_of
 from trt_seer.engine.build import BuildSpec, cache_key
 from trt_seer.engine.kv_outputs import mark_new_kv_outputs
 from trt_seer.errors import BuildError, ManifestMismatchError, UnsupportedError
+from trt_seer.export.engine_form import FORM
 from trt_seer.export.families import ShapeProfile
 from trt_seer.runtime.loader import check_manifest
 
@@ -257,6 +258,30 @@ def test_tiny_family_fp16_engine(tmp_path, model_type, task):
         assert m["build"]["gemm_weights_nk"] == 7 * 2 + 1 and m["build"]["gemms_fused"] == 3 * 2
     else:
         assert "gemm_weights_nk" not in m["build"] and "gemms_fused" not in m["build"]
+        # each attention one ONNX Attention, LayerNorm in FP16 (export/engine_form.py), said in the manifest
+        assert m["graph_form"]["attention"] == FORM and m["graph_form"]["fused"] == 2
+        assert m["graph_form"] == record["graph_form"] and m["graph_form"]["fp16_ops"] == ["LayerNormalization"]
+
+
+@pytest.mark.slow
+def test_decomposed_attention_on_request_and_back(tmp_path):
+    """`--attention decomposed` keeps the exporter's attention; the next default build is no cache hit
+    and fuses it."""
+    import onnx
+
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "ckpt")
+    args = ["--model", str(ckpt), "--fp16", "--batch", "1,2,4", "--seq", "8,16,32", "--out", str(tmp_path / "out")]
+    path = tmp_path / "out" / "ckpt.fp16.manifest.json"
+
+    build(*args, "--attention", "decomposed")
+    m = manifest.read_engine_manifest(path)
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "out" / "ckpt.fp16.onnx")).graph.node}
+    assert m["graph_form"]["attention"] == "decomposed" and "Softmax" in ops and "Attention" not in ops
+
+    r = build(*args)
+    assert "up to date" not in r.stderr.splitlines()[-1]
+    assert manifest.read_engine_manifest(path)["graph_form"]["attention"] == FORM
+    assert "up to date" in build(*args).stderr
 
 
 @pytest.mark.skipif(not trt.available() or not trt.load().is_rtx, reason="compute-capability targets are TensorRT-RTX's")

@@ -41,7 +41,7 @@ class BuildRequest:
     force: bool = False
     keep_intermediates: bool = False
     dry_run: bool = False
-    attention: str = "eager"  # causal LMs: "eager" or "chunked" (export/attention.py)
+    attention: str = "eager"  # causal LMs: "eager" or "chunked" (export/attention.py); encoders: "decomposed"
     prompt_slice: int | None = None  # causal LMs: tokens per prompt slice; None: PROMPT_SLICE if chunked; 0: none
 
     def chosen(self) -> list[str]:
@@ -144,8 +144,10 @@ def _check_request(info, request: BuildRequest, chosen: list[str]) -> None:
     trt.check_targets(flavor, request.spec.compute_caps)
     trt.target_description(flavor, request.spec.hardware_compat, request.spec.compute_caps)
     quant = request.quant_spec()
-    if request.attention != "eager" and info.task != "causal-lm":
+    if request.attention == "chunked" and info.task != "causal-lm":
         raise UnsupportedError(f"--attention {request.attention} is for causal LMs; {info.name} is {info.task}")
+    if request.attention == "decomposed" and info.task == "causal-lm":
+        raise UnsupportedError(f"--attention decomposed is for encoders; {info.name} is {info.task}")
     if request.prompt_slice and info.task != "causal-lm":
         raise UnsupportedError(f"--prompt-slice is for causal LMs; {info.name} is {info.task}")
     if "int4" in chosen and info.task != "causal-lm":
@@ -260,6 +262,8 @@ def _cache_hit(request: BuildRequest) -> dict | None:
             return None  # a decoder's build ends with its device sampler
         if "decoder" in m and not _same_network_passes(request, p, m):
             return None
+        if "decoder" not in m and p != "fp32" and m.get("graph_form", {}).get("requested") != _encoder_form(request):
+            return None  # built before the encoder's graph form changed
         hit[p] = m
     return hit
 
@@ -270,6 +274,13 @@ def _same_network_passes(request: BuildRequest, precision: str, m: dict) -> bool
     from trt_seer.engine.build import decoder_engine_key
 
     return m["build"].get("key") == decoder_engine_key(m["onnx"]["sha256"], request.engine_spec(precision))
+
+
+def _encoder_form(request: BuildRequest) -> str:
+    """The graph form an encoder's engines are built in for this request (export/engine_form.py)."""
+    from trt_seer.export.engine_form import FORM
+
+    return "decomposed" if request.attention == "decomposed" else FORM
 
 
 def _sampler_beside(engine: Path, m: dict) -> bool:

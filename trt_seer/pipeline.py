@@ -98,13 +98,16 @@ def _fmt_verification(report: dict) -> str:
 
 
 def fp16_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = False) -> dict:
-    """Stage 2: the FP16-typed ONNX, with its accuracy against FP32 on held-out data."""
+    """Stage 2: the FP16-typed ONNX, with its accuracy against FP32 on held-out data. An encoder's is
+    written from its fused-attention form (export/engine_form.py) where that applies."""
+    import tempfile
+
     from trt_seer.export.precision import KEEP_FP32_OPS, Fp16Spec
 
     src, dest = art.path("fp32.onnx"), art.path("fp16.onnx")
     spec = Fp16Spec(fp16_io=frozenset(_kv_names(fp32)))
     key = sha256_json({"fp32": fp32["sha256"], "keep": sorted(KEEP_FP32_OPS), "trt_seer": __version__,
-                       "fp16_io": sorted(spec.fp16_io)})
+                       "fp16_io": sorted(spec.fp16_io), **_form_key(info)})
     record = None if force else up_to_date(dest, manifest.record_path(dest), key)
     if record:
         log.info("fp16 ONNX up to date: %s", dest)
@@ -112,14 +115,52 @@ def fp16_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = False) 
     from trt_seer.eval.evaluate import accuracy_entry
     from trt_seer.export.precision import fp16_from_onnx
 
-    log.info("converting to an FP16-typed graph ...")
-    fp16_from_onnx(src, dest, spec)
+    with tempfile.TemporaryDirectory(prefix=".fp16-", dir=art.out) as work:
+        graph, form, spec = _graph_form(info, src, Path(work), spec)
+        log.info("converting to an FP16-typed graph ...")
+        fp16_from_onnx(graph, dest, spec)
     accuracy = _fp16_accuracy(info, src, dest)
     log.info("fp16 vs fp32 (ONNX Runtime, held-out data): %s", _fmt_metrics(accuracy))
     extra = {"decoder": {**fp32["decoder"], "kv_dtype": "float16"}} if "decoder" in fp32 else {}
-    return write_record(dest, {**inherit(fp32), "precision": "fp16", "key": key, **extra,
+    return write_record(dest, {**inherit(fp32), "precision": "fp16", "key": key, **extra, **form,
                                "io": onnxio.describe_io(onnxio.load(dest, False)),
                                "fp32_sha256": fp32["sha256"], "accuracy": {"onnx_vs_fp32": accuracy_entry(accuracy, dest, src)}})
+
+
+def _form_key(info: ModelInfo) -> dict:
+    """What an encoder's FP16 graph form adds to its cache key (graphs of an older form are redone)."""
+    if is_decoder(info):
+        return {}
+    from trt_seer.export.engine_form import FORM, FP16_OPS
+
+    return {"form": "decomposed" if info.attention == "decomposed" else FORM, "fp16_ops": sorted(FP16_OPS)}
+
+
+def _graph_form(info: ModelInfo, src: Path, work: Path, spec):
+    """(the FP32 graph to type as FP16, its record section, the FP16 spec): an encoder's fused-attention
+    form with FP16 LayerNormalization, or `src` as it is (decoders; encoders whose attention does not
+    match or whose fused form disagrees, said in the log and recorded)."""
+    from dataclasses import replace
+
+    from trt_seer.errors import ExportMismatchError, UnsupportedError
+
+    if is_decoder(info):
+        return src, {}, spec
+    if info.attention == "decomposed":
+        return src, {"graph_form": {"requested": "decomposed", "attention": "decomposed",
+                                    "reason": "--attention decomposed"}}, spec
+    from trt_seer.export.engine_form import FORM, FP16_OPS, engine_form_from_fp32
+
+    try:
+        report = engine_form_from_fp32(info, src, work / src.name)
+    except (UnsupportedError, ExportMismatchError) as e:
+        log.warning("warning: attention stays decomposed in the engine graph: %s", e)
+        return src, {"graph_form": {"requested": FORM, "attention": "decomposed", "reason": str(e)}}, spec
+    log.info("attention fused: %d ONNX Attention nodes (%d reading the padding mask); verified against %s: %s",
+             report["attention"], report["padding_mask"], src.name, _fmt_verification(report["verification"]))
+    form = {"requested": FORM, "attention": report["form"], "fused": report["attention"], "padding_mask": report["padding_mask"],
+            "fp16_ops": sorted(FP16_OPS), "verification": report["verification"]}
+    return work / src.name, {"graph_form": form}, replace(spec, keep_ops=spec.keep_ops - FP16_OPS)
 
 
 def _kv_names(record: dict) -> list[str]:
@@ -167,7 +208,8 @@ def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tupl
 
 def engine_extra(onnx_record: dict, onnx_path: Path, spec) -> dict:
     """The manifest sections an engine takes from the record of the graph it is built from."""
-    extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source", "decoder", "limits") if k in onnx_record}
+    extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source", "decoder", "limits", "graph_form")
+             if k in onnx_record}
     if "decoder" in extra:  # the engine's limits are its profiles' (engine/profiles.py)
         from trt_seer.engine.profiles import check_total
 

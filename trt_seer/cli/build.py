@@ -59,10 +59,12 @@ def add_parser(subparsers, common):
                    help="input channels per INT4 scale (default 128)")
     d.add_argument("--no-awq", action="store_true", help="INT4 by plain round-to-nearest, without AWQ scales")
     d.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too (default: FP16)")
-    p.add_argument("--attention", choices=("eager", "chunked"), default="eager",
+    p.add_argument("--attention", choices=("eager", "chunked", "decomposed"), default="eager",
                    help="causal LMs: export attention as it is (eager, default) or cut the cache into chunks "
                         "(chunked: faster decode at long contexts; slower prompts, 11x at 3,840 tokens on a 1.1B "
-                        "model, taken --prompt-slice tokens at a time; docs/DESIGN.md)")
+                        "model, taken --prompt-slice tokens at a time; docs/DESIGN.md). Encoders: each attention "
+                        "is one fused ONNX Attention in the FP16/INT8 engines by default; decomposed keeps the "
+                        "exporter's op-by-op form")
     p.add_argument("--prompt-slice", type=common.non_negative_int, default=None, metavar="N",
                    help="causal LMs: run prompts longer than N tokens N at a time, each slice on the cache of "
                         "those before it, so that a prompt step's memory follows N, not the prompt squared "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.engine import gemm_fusion, kv_outputs, manifest, profiles, weight_layout
+from trt_seer.engine import attention, gemm_fusion, kv_outputs, manifest, profiles, weight_layout
 from trt_seer.export import onnxio
 from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import BuildError
@@ -188,6 +188,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
     builder = flavor.trt.Builder(trt_logger)
     network, _parser = _parse(flavor, builder, Path(onnx_path))
     decoder = kv_outputs.mark_new_kv_outputs(flavor, network) > 0
+    attentions = attention.make_decomposable(flavor, network)
     gemms = weight_layout.transposed_gemms(flavor, network) if decoder else []
     kept, fused = gemm_fusion.fuse_shared_input_gemms(flavor, network, gemms)  # read until serialized
     nk_gemms = len(gemms)
@@ -219,6 +220,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
         "optimization_profiles": profiles.describe(network_profiles(network, spec)),
         "build": {"key": cache_key(onnx_sha, spec, flavor, decoder), "settings": spec.settings(),
                   **({"gemm_weights_nk": nk_gemms, "gemms_fused": fused} if decoder else {}),
+                  **({"attention_layers": attentions, "attention_pass": attention.ATTENTION_PASS} if attentions else {}),
                   "seconds": round(seconds, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "timing_cache": str(timing_cache.name) if timing_cache and flavor.has_timing_cache else None},
         **(extra or {}),

@@ -260,18 +260,32 @@ def _log_counts(counts: dict) -> None:
              if counts["fp16_fallback"] else "")
 
 
+def _fp16_base(art: records.Artifacts, quant: QuantStageSpec, work: Path) -> tuple[Path, dict]:
+    """(the FP16 graph the Q/DQ nodes go into, its record's `graph_form`): fp16.onnx, or with
+    --int8-attention, whose Q/DQ sit on attention's batched matmuls, the FP16 typing of the FP32 graph
+    with attention decomposed (an encoder's fp16.onnx has it fused: export/engine_form.py)."""
+    from trt_seer.export.precision import fp16_from_onnx
+
+    fp16 = art.path("fp16.onnx")
+    form = (manifest.read_if_exists(manifest.record_path(fp16)) or {}).get("graph_form", {})
+    if not quant.int8_attention or form.get("attention", "decomposed") == "decomposed":
+        return fp16, {"graph_form": form} if form else {}
+    form = {**form, "attention": "decomposed", "reason": "--int8-attention quantizes attention's batched matmuls"}
+    return fp16_from_onnx(art.path("fp32.onnx"), work / "decomposed.fp16.onnx"), {"graph_form": form}
+
+
 def _calibrate_and_gate(info: ModelInfo, art: records.Artifacts, quant: QuantStageSpec, gate: Gate, work: Path) -> dict:
     from trt_seer.eval import evaluate
     from trt_seer.quantize import qdq as quantize
 
     fp32_path, dest = art.path("fp32.onnx"), art.path("int8.onnx")
     cd = load_calib_data(info, quant, ShapeProfile(tuple(quant.batch), tuple(quant.seq)))
-    targets = quantize.find_targets(onnxio.load(art.path("fp16.onnx"), False),
-                                    quantize.QuantSpec(quant.int8_attention), info.task)
+    base16, form = _fp16_base(art, quant, work)
+    targets = quantize.find_targets(onnxio.load(base16, False), quantize.QuantSpec(quant.int8_attention), info.task)
     nodes = [t.node for t in targets]
     mode = resolve_mode(quant)
     qat = qat_ranges.for_build(info.path, mode, quant)  # ranges trained by finetune --qat: no calibration
-    src32, base16 = fp32_path, art.path("fp16.onnx")
+    src32 = fp32_path
     modules = qat_ranges.build_modules(fp32_path, targets, info.path) if qat else None
     if quant.smooth_alpha > 0 and mode == "w8a8":  # smoothing only helps activation quantization
         learned = None
@@ -309,6 +323,7 @@ def _calibrate_and_gate(info: ModelInfo, art: records.Artifacts, quant: QuantSta
         dest.unlink(missing_ok=True)
         raise
     return {
+        **form,
         "calibration": {"method": quant.calib_method if amax_t else "none (weight-only: no activation ranges)",
                         "batches": len(cd.calib), "data": quant.calib or "calib/default.txt",
                         "cache": str(cache_path(info, quant)) if amax_t else None, "seeded_from": quant.from_cache,
