@@ -68,7 +68,9 @@ class Call:
         self.queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
-        def emit(event):  # the batcher's thread
+        def emit(event):  # the batcher's thread; counted here, as a gone client reads no more events
+            if isinstance(event, Finished):
+                service.metrics.finished(endpoint, event.reason)
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
                 loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
@@ -86,8 +88,6 @@ class Call:
             (m.itl if self.seen else m.ttft).observe(now - self.last)
             self.last, self.seen = now, self.seen + 1
             m.completion_tokens.inc()
-        else:
-            self.service.metrics.finished(self.endpoint, event.reason)
         return event
 
 
