@@ -261,3 +261,18 @@ def test_sigterm_during_load_answers_every_accepted_request_then_exits_0(artifac
         assert (reason, used) == ("length", 900) or (reason == "stop" and 0 < used < 900)
     with pytest.raises(httpx.ConnectError):
         httpx.get(s.url + "/health", timeout=5)
+
+
+def test_load_generator_runs_on_cpu_and_appends_its_table(artifact, tmp_path, capsys):
+    """tools/bench_serve.py: served clients and static batches over the same workload, one row each."""
+    from test_tools import load_tool
+
+    bench = load_tool("bench_serve")
+    md = tmp_path / "BENCHMARKS.md"
+    argv = [str(artifact), "--clients", "1,3", "--static", "3", "--requests", "6", "--min-out", "4", "--max-out", "12",
+            "--threads", "1", "--slots", "3", "--append", str(md)]
+    assert bench.main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| served") or line.startswith("| static")]
+    assert [r.split(" | ")[0] for r in rows] == ["| served, 1 clients", "| served, 3 clients", "| static batches of 3"]
+    assert all(int(r.split(" | ")[2]) > 0 for r in rows)  # output tokens counted on every way
+    assert "## Serving: continuous batching against static batches" in md.read_text()

@@ -13,7 +13,7 @@ from tiny import make_tiny_checkpoint
 from trt_seer import pipeline
 from trt_seer.errors import InputError
 from trt_seer.export.families import resolve_model
-from trt_seer.runtime.batcher import Batcher, Finished, QueueFull, Request, Token
+from trt_seer.runtime.batcher import Batcher, QueueFull, Request, Token
 from trt_seer.runtime.decoder_ort import OrtDecoderStep
 from trt_seer.runtime.generate import Generator, Sampling, load_generator
 from trt_seer.runtime.ort import OrtOptions
