@@ -151,51 +151,58 @@ async def _stream(call: Call):
             call.request.cancel()
 
 
+def _refuse(service: Service, endpoint: str, status: int, doc: dict, headers=None):
+    from fastapi.responses import JSONResponse
+
+    service.metrics.finished(endpoint, str(status))
+    return JSONResponse(doc, status_code=status, headers=headers)
+
+
+async def _answer(service: Service, http_request, endpoint: str, parse):
+    """A completions request: parsed, accepted (or refused with 400 / 404 / 429 / 503), answered."""
+    from fastapi.responses import StreamingResponse
+
+    try:
+        body = json.loads(await http_request.body())
+    except ValueError:
+        return _refuse(service, endpoint, 400, api.error_doc("the request body is not valid JSON"))
+    try:
+        params = parse(body, service.batcher.max_total)
+        if params.model not in (None, service.name):
+            return _refuse(service, endpoint, 404, api.error_doc(
+                f"model {params.model!r} is not served here; GET /v1/models lists the one that is",
+                "not_found_error", "model", 404))
+        if not service.ready.is_set():
+            return _refuse(service, endpoint, 503, api.error_doc("the model is still loading", "unavailable", code=503))
+        call = Call(service, params, endpoint)
+    except api.BadRequest as e:
+        return _refuse(service, endpoint, 400, api.error_doc(str(e), param=e.param))
+    except QueueFull as e:
+        return _refuse(service, endpoint, 429, api.error_doc(f"the server is busy: {e}", "rate_limit_error", code=429),
+                       {"Retry-After": "1"})
+    except Closing as e:
+        return _refuse(service, endpoint, 503, api.error_doc(str(e), "unavailable", code=503))
+    except InputError as e:
+        return _refuse(service, endpoint, 400, api.error_doc(str(e)))
+    if params.stream:
+        return StreamingResponse(_stream(call), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return await _whole(call, http_request)
+
+
 def make_app(service: Service, lifespan=None):
     """The FastAPI application over `service`."""
     from fastapi import FastAPI, Request as HttpRequest
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from fastapi.responses import JSONResponse, Response
 
     app = FastAPI(title="trt-seer", lifespan=lifespan)
 
-    def refuse(endpoint: str, status: int, doc: dict, headers=None):
-        service.metrics.finished(endpoint, str(status))
-        return JSONResponse(doc, status_code=status, headers=headers)
-
-    async def answer(http_request: HttpRequest, endpoint: str, parse):
-        try:
-            body = json.loads(await http_request.body())
-        except ValueError:
-            return refuse(endpoint, 400, api.error_doc("the request body is not valid JSON"))
-        try:
-            params = parse(body, service.batcher.max_total)
-            if params.model not in (None, service.name):
-                return refuse(endpoint, 404, api.error_doc(f"model {params.model!r} is not served here; GET /v1/models "
-                                                           "lists the one that is", "not_found_error", "model", 404))
-            if not service.ready.is_set():
-                return refuse(endpoint, 503, api.error_doc("the model is still loading", "unavailable", code=503))
-            call = Call(service, params, endpoint)
-        except api.BadRequest as e:
-            return refuse(endpoint, 400, api.error_doc(str(e), param=e.param))
-        except QueueFull as e:
-            return refuse(endpoint, 429, api.error_doc(f"the server is busy: {e}", "rate_limit_error", code=429),
-                          {"Retry-After": "1"})
-        except Closing as e:
-            return refuse(endpoint, 503, api.error_doc(str(e), "unavailable", code=503))
-        except InputError as e:
-            return refuse(endpoint, 400, api.error_doc(str(e)))
-        if params.stream:
-            return StreamingResponse(_stream(call), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await _whole(call, http_request)
-
     @app.post("/v1/completions")
     async def completions(http_request: HttpRequest):
-        return await answer(http_request, "completions", api.completion_params)
+        return await _answer(service, http_request, "completions", api.completion_params)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http_request: HttpRequest):
-        return await answer(http_request, "chat", api.chat_params)
+        return await _answer(service, http_request, "chat", api.chat_params)
 
     @app.get("/v1/models")
     async def models():
