@@ -20,7 +20,8 @@ position ids count its own tokens. So:
 - when the timeline reaches the decoder's max_total, the cache restarts: every live row's tokens so
   far run again as one left-padded prompt step (a restart also happens when all rows are free).
 Each request fits max_total on its own (its output is capped at max_total - prompt + 1 tokens, as in
-`generate`), so a restart always leaves room for the next step.
+`generate`, and so that its tokens so far stay a prompt the decoder takes), so a restart always
+leaves room for the next step.
 """
 from __future__ import annotations
 
@@ -138,7 +139,8 @@ class Batcher:
             raise InputError("the prompt is empty after tokenization")
         if n > self.gen.max_prompt:
             raise InputError(f"the prompt has {n} tokens; this model takes at most {self.gen.max_prompt}")
-        request.budget = min(request.sampling.max_new_tokens, self.max_total - n + 1)
+        # a restart runs a row's tokens so far (at most prompt + budget - 2) as a prompt: keep that a prompt the decoder takes
+        request.budget = min(request.sampling.max_new_tokens, self.max_total - n + 1, self.gen.max_prompt - n + 2)
         with self.cond:
             if self.closing:
                 raise Closing("the server is shutting down")
