@@ -13,7 +13,7 @@ from trt_seer.cli import SUBCOMMANDS, main
 BLOCK_HEAVY = """
 import importlib.abc, sys
 BLOCKED = {"tensorrt", "tensorrt_rtx", "torch", "transformers", "onnx", "onnxruntime", "cuda",
-           "polygraphy", "matplotlib", "tokenizers"}
+           "polygraphy", "matplotlib", "tokenizers", "fastapi", "starlette", "uvicorn", "prometheus_client", "jinja2"}
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in BLOCKED:

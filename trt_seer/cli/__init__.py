@@ -18,7 +18,7 @@ from trt_seer.cli import common
 from trt_seer.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, TrtSeerError
 from trt_seer.resources import latch_interrupts
 
-SUBCOMMANDS = ("export", "build", "run", "diff", "bench", "finetune", "generate", "triton")
+SUBCOMMANDS = ("export", "build", "run", "diff", "bench", "finetune", "generate", "serve", "triton")
 
 EPILOG = """exit codes:
   0    success

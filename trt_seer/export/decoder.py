@@ -33,7 +33,8 @@ from trt_seer.export.rotary import stacked_rotary
 TRACE_CASE = (2, 5, 3)  # (batch, seq, past_seq) used for tracing; no axis of size 0 or 1
 VERIFY_CASES = ((3, 7, 0), (2, 1, 9), (1, 4, 6), (4, 1, 0))  # prefill, decode, chunked prefill
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model")
+                   "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "chat_template.jinja", "chat_template.json")  # transformers 5 saves the chat template apart
 VOCAB_FILES = {"tokenizer.json", "vocab.json", "tokenizer.model"}  # without one there is no tokenizer
 
 

@@ -231,11 +231,15 @@ def load_tokenizer(artifact: Path, decoder: dict, directory: str | Path | None =
     """The `tokenizers` tokenizer copied beside the artifact (or from `directory`)."""
     from trt_seer.tokenizer import load_tokenizer as from_directory
 
+    return from_directory(tokenizer_folder(artifact, decoder, directory), hint="pass trt-seer generate --tokenizer DIR")
+
+
+def tokenizer_folder(artifact: Path, decoder: dict, directory: str | Path | None = None) -> Path:
+    """Where the artifact's tokenizer files are: `directory`, else the folder copied beside it."""
     if directory is None and not decoder.get("tokenizer"):
         raise InputError(f"{Path(artifact).name} has no tokenizer beside it; pass a directory with "
                          "tokenizer.json (trt-seer generate --tokenizer DIR)")
-    folder = Path(directory) if directory is not None else Path(artifact).parent / decoder["tokenizer"]
-    return from_directory(folder, hint="pass trt-seer generate --tokenizer DIR")
+    return Path(directory) if directory is not None else Path(artifact).parent / decoder["tokenizer"]
 
 
 def load_generator(artifact: str | Path, backend: str = "auto", *, tokenizer_dir: str | Path | None = None,
