@@ -577,7 +577,8 @@ def test_fallback_without_cuda_python_names_the_gpu_extra(tmp_path):
     engine = tmp_path / "x.fp32.engine"
     engine.write_bytes(b"not run here")
     build_graph(tmp_path / "x.fp32.onnx")
-    with pytest.warns(RuntimeWarning, match=r"ONNX Runtime \(CPU\).*cuda-python is not installed.*\.\[gpu\]"):
+    with pytest.warns(RuntimeWarning, match=r"ONNX Runtime \(CPU\) instead of x\.fp32\.engine: .*cuda-python is not installed, "
+                      r"so TensorRT engines cannot run on the GPU; pip install \"trt-seer\[gpu\]\""):
         load(engine).close()
 
 
