@@ -141,3 +141,12 @@ def test_run_file_keeps_input_order_and_warns_once(engine, tmp_path):
         one = TextRunner.open(model, engine, max_batch=1)
         for row, text in zip(doc["results"], texts):
             np.testing.assert_allclose(row["embedding"], one.run([text])[0]["sentence_embedding"], rtol=1e-5, atol=1e-6)
+
+
+def test_diff_and_the_gates_tokenize_to_the_models_length_too(engine):
+    from trt_seer.eval.evaluate import EvalSpec, eval_batches
+    from trt_seer.export.families import resolve_model
+
+    info = resolve_model(engine.parent.parent / "ckpt")
+    widths = {b["input_ids"].shape[1] for b in eval_batches(info, EvalSpec(samples=32, batch=8))}
+    assert max(widths) == MODEL_MAX, widths  # held-out sentences run longer; the profile would allow 256
