@@ -150,3 +150,13 @@ def test_diff_and_the_gates_tokenize_to_the_models_length_too(engine):
     info = resolve_model(engine.parent.parent / "ckpt")
     widths = {b["input_ids"].shape[1] for b in eval_batches(info, EvalSpec(samples=32, batch=8))}
     assert max(widths) == MODEL_MAX, widths  # held-out sentences run longer; the profile would allow 256
+
+
+def test_progress_bar_only_on_a_terminal_or_a_long_file(monkeypatch):
+    from trt_seer.cli import run
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    assert run._progress(50, LARGEST_BATCH).disable and not run._progress(run.LONG_RUN, LARGEST_BATCH).disable
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert not run._progress(50, LARGEST_BATCH).disable
+    assert run._progress(LARGEST_BATCH, LARGEST_BATCH).disable  # one batch: nothing to follow
