@@ -249,6 +249,33 @@ def test_engine_points_carry_the_main_output_only_times_when_asked(asked, tmp_pa
         assert "main_output" not in point and "main_p50_ms" not in point
 
 
+class ApartTimers(TwoTimers):
+    """Plain calls take 4 ms (main output only: 3); with the device pass's events they take 9 ms."""
+
+    def timer(self, feeds):
+        return lambda: (4.0, None)
+
+    def main_timer(self, feeds):
+        return lambda: (3.0, None)
+
+    def device_timer(self, feeds, outputs=None):
+        self.device_passes = getattr(self, "device_passes", []) + [outputs]
+        return lambda: (9.0, 1.0 if outputs is None else 0.9)
+
+
+def test_end_to_end_times_come_from_plain_calls_and_device_times_from_their_own_pass(tmp_path):
+    from trt_seer.bench import worker
+    from trt_seer.export.families import resolve_model
+
+    info = resolve_model(str(make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "t")))
+    runner = ApartTimers()
+    job = {"seq": 8, "timing": dataclasses.asdict(measure.QUICK_TIMING), "main_output": True}
+    point = worker._point(runner, info, job, 2)
+    assert point["p50_ms"] == 4.0 and point["p99_ms"] == 4.0 and point["device_p50_ms"] == 1.0
+    assert point["main_p50_ms"] == 3.0 and point["main_device_p50_ms"] == 0.9
+    assert runner.device_passes == [None, ["sentence_embedding"]]
+
+
 def test_report_shows_all_outputs_and_main_output_only_side_by_side(tmp_path):
     engine = plan.Planned(paths.PATH_BY_KEY["trt-fp16"], "TensorRT FP16 on H200", tmp_path / "m.fp16.engine", (8,))
     result = worker_result([(4.0, 1.0)] * 3)
@@ -602,3 +629,81 @@ def test_quick_bench_lists_the_compiled_pytorch_path_and_judges_against_it(tmp_p
     ran = [rows[k] for k in ("torch-fp32-cpu", "torch-compile-cpu") if rows[k]["status"] == "ok"]
     assert ort["best_p50_ms"] == min(row["points"][0]["p50_ms"] for row in ran)
     assert "PyTorch's best here" in r.stdout and "## Against PyTorch's best" in (tmp_path / "rep" / "report.md").read_text()
+
+
+# --- generation speed (bench/generate.py): every path timed the same way ------------------------
+
+def test_decode_time_is_the_whole_call_minus_a_one_token_call_after_untimed_warm_ups():
+    from trt_seer.bench import generate as gen
+
+    calls = []
+    decode, prompt = gen.whole_minus_prompt(calls.append, new_tokens=16, runs=1)
+    assert calls == [17, 1] + [17, 1] * gen.MIN_RUNS  # both shapes warmed, then at least 3 timed pairs
+    assert len(decode) == len(prompt) == gen.MIN_RUNS
+    row = gen.rate_row(8, 128, 128, [1.0, 2.0, 4.0])
+    assert row["tokens_per_s"] == 512 and row["ms_per_step"] == pytest.approx(2000 / 128)
+    assert row["spread"] == pytest.approx((1024 - 256) / 512) and row["runs"] == 3
+    with pytest.raises(ValueError, match="not slower than its prompt step"):
+        gen.rate_row(1, 8, 8, [-0.001, 0.0, -0.002])
+    text = gen.table({"p": {"decode": [row], "ttft_ms": {}}}, gen.GenBenchSpec(batches=(8,), ttft_prompts=()))
+    assert "| p | 512 ±75.0% |" in text
+
+
+@pytest.fixture(scope="module")
+def tiny_decoder(tmp_path_factory):
+    """A tiny Llama and its FP32 ONNX graph with a KV cache."""
+    from trt_seer import pipeline
+    from trt_seer.export.families import resolve_model
+
+    root = tmp_path_factory.mktemp("gen")
+    ckpt = make_tiny_checkpoint("llama", "causal-lm", root / "llama")
+    info = resolve_model(ckpt)
+    art = pipeline.Artifacts(root / "out", info.name)
+    art.out.mkdir()
+    pipeline.fp32_onnx(info, art)
+    return ckpt, art.path("fp32.onnx")
+
+
+class CountingStep:
+    """The real decoder step, with the steps of each generation counted."""
+
+    def __init__(self, inner):
+        self.inner, self.steps = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def reset(self, batch):
+        self.steps.append(0)
+        self.inner.reset(batch)
+
+    def step(self, *feeds):
+        self.steps[-1] += 1
+        return self.inner.step(*feeds)
+
+
+def test_engine_and_pytorch_generation_are_timed_as_their_users_run_them(tiny_decoder):
+    import torch
+    import transformers
+
+    from trt_seer.bench import generate as gen
+    from trt_seer.runtime.generate import load_step
+
+    ckpt, onnx = tiny_decoder
+    spec = gen.GenBenchSpec(batches=(1, 2), prompt=8, new_tokens=6, ttft_prompts=(8,), repeats=3)
+    step = CountingStep(load_step(onnx, backend="onnxruntime"))
+    rows = gen.measure_step(step, 128, spec)
+    # the product's own loop, whole: 7 then 1 steps per run (and the untimed ones), nothing between
+    assert set(step.steps) == {spec.new_tokens + 1, 1}
+    assert [(d["batch"], d["runs"]) for d in rows["decode"]] == [(1, 3), (2, 3)]
+    assert all(d["tokens_per_s"] > 0 and d["spread"] >= 0 and d["device_ms_per_step"] is None for d in rows["decode"])
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32).eval()
+    model.generation_config.pad_token_id = 0
+    seen = []
+    real = model.generate
+    model.generate = lambda *a, **kw: seen.append(kw) or real(*a, **kw)
+    hf = gen.hf_generate_rows(model, 128, spec)
+    assert [(d["batch"], d["runs"]) for d in hf["decode"]] == [(1, 3), (2, 3)] and set(hf["ttft_ms"]) == {8}
+    assert {kw["max_new_tokens"] for kw in seen} == {spec.new_tokens + 1, 1}
+    assert not any("logits_processor" in kw or "stopping_criteria" in kw for kw in seen)  # nothing in its loop

@@ -171,3 +171,26 @@ def test_a_cuda_failure_has_its_own_documented_exit_code():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert re.search(rf"^\| {code} \| a resource failed at run time: a CUDA error", readme, re.MULTILINE)
     assert f"  {code}    a resource failed at run time" in run_cli("--help").stdout
+
+
+BLOCK_TENSORRT = """
+import sys
+sys.modules["tensorrt"] = sys.modules["tensorrt_rtx"] = None  # as if not installed
+from trt_seer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("prefer, install", [(None, 'pip install "trt-seer[rtx,gpu]"'),
+                                             ("tensorrt", 'pip install "trt-seer[tensorrt]" "cuda-python>=12.6"')])
+def test_build_without_tensorrt_says_in_one_line_what_to_install(tiny_checkpoint, tmp_path, prefer, install):
+    """A plain `pip install trt-seer` (no extras): build names the extra for a GPU machine and
+    `export` for ONNX alone, before any export work, and writes nothing."""
+    ckpt = tiny_checkpoint("bert", "feature-extraction")
+    env = {**os.environ, "TRT_SEER_TENSORRT": prefer} if prefer else {
+        k: v for k, v in os.environ.items() if k != "TRT_SEER_TENSORRT"}
+    r = subprocess.run([sys.executable, "-c", BLOCK_TENSORRT, "build", "--model", str(ckpt), "--seq", "1,8,16", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert_one_line_error(r, "is not installed", install, "for ONNX alone: trt-seer export")
+    assert "No module named" not in r.stderr  # absence is not news; a broken install would be
+    assert not (tmp_path / "o").exists()

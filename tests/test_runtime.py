@@ -577,7 +577,8 @@ def test_fallback_without_cuda_python_names_the_gpu_extra(tmp_path):
     engine = tmp_path / "x.fp32.engine"
     engine.write_bytes(b"not run here")
     build_graph(tmp_path / "x.fp32.onnx")
-    with pytest.warns(RuntimeWarning, match=r"ONNX Runtime \(CPU\).*cuda-python is not installed.*\.\[gpu\]"):
+    with pytest.warns(RuntimeWarning, match=r"ONNX Runtime \(CPU\) instead of x\.fp32\.engine: .*cuda-python is not installed, "
+                      r"so TensorRT engines cannot run on the GPU; pip install \"trt-seer\[gpu\]\""):
         load(engine).close()
 
 
@@ -841,3 +842,17 @@ def test_lean_session_holds_fp16_weights_once(tmp_path):
     so = session_options(OrtOptions(lean=True))
     assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     assert so.execution_order == ort.ExecutionOrder.PRIORITY_BASED and not so.enable_cpu_mem_arena
+
+
+@pytest.mark.skipif(no_trt is None or "cuda-python" not in no_trt, reason="cuda-python is importable here")
+def test_a_gpu_machine_without_cuda_python_is_told_its_engines_need_the_gpu_extra(monkeypatch):
+    import trt_seer.runtime.cuda as cuda
+
+    monkeypatch.setattr(cuda, "nvidia_driver_present", lambda: True)  # as on a machine with a driver
+    cuda.cudart.cache_clear()
+    try:
+        with pytest.raises(DependencyError, match=r'^this machine has an NVIDIA GPU but cuda-python is not installed, '
+                                                  r'so TensorRT engines cannot run on the GPU; pip install "trt-seer\[gpu\]"'):
+            cuda.cudart()
+    finally:
+        cuda.cudart.cache_clear()

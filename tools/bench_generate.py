@@ -6,9 +6,11 @@ run; appends the table to docs/BENCHMARKS.md.
     PYTHONPATH=. python tools/bench_generate.py --config llama-1b --contexts 256,3840 --hf none  # cost vs context
     python tools/bench_generate.py --model ckpt/ --work out/gen     # a checkpoint of your own
 
-Every path is timed the same way: greedy decode steps only (`--new-tokens` after a prompt of each of
-`--contexts` tokens, per batch of `--batches`), the prompt step apart (TTFT), first runs and
-compiles untimed (trt_seer/bench/generate.py). Engines are built for `--max-total` (4096) and
+Every path is timed the same way, as its users run it, with nothing added inside its loop: the
+whole greedy generation call (`--new-tokens` + 1 tokens after a prompt of each of `--contexts`
+tokens, per batch of `--batches`; the engines through the product's own generation loop, PyTorch
+through `generate`) minus a 1-token call (the prompt step, which is TTFT), median and spread of
+`--repeats` runs (at least 3), first runs and compiles untimed (trt_seer/bench/generate.py). Engines are built for `--max-total` (4096) and
 decode in windows of 256, 512, ... tokens (runtime/kv_window.py). `--kernels` adds kernel launches
 per decode step of each engine (torch.profiler, trt_seer/bench/kernels.py).
 
@@ -302,21 +304,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="no GPU: time ONNX Runtime's CPU forms (FP32, Q/DQ and MatMulNBits) instead of engines")
     ap.add_argument("--append", type=Path)
     ap.add_argument("--price-per-hour", type=float, default=2.5)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per point, median and spread (at least 3)")
     args = ap.parse_args(argv)
-    from trt_seer.bench.generate import GenBenchSpec, table
+    from trt_seer.bench.generate import MIN_RUNS, GenBenchSpec, table
     from trt_seer.bench.host import engine_gpu_text, machine_text
 
     batches = tuple(int(x) for x in args.batches.split(","))
     contexts = tuple(int(x) for x in args.contexts.split(","))
     spec = GenBenchSpec(batches=batches, prompt=contexts[0], contexts=contexts, new_tokens=args.new_tokens,
-                        ttft_prompts=tuple(int(x) for x in args.ttft.split(",")), price_per_hour=args.price_per_hour)
+                        ttft_prompts=tuple(int(x) for x in args.ttft.split(",")), price_per_hour=args.price_per_hour,
+                        repeats=args.repeats)
     args.work.mkdir(parents=True, exist_ok=True)
     ckpt = random_checkpoint(args.config, args.work / f"{args.config}-random") if args.config else args.model
     profile = args.batch or f"1,{max(batches)},{max(batches)}"
     kw = {"batch": [int(x) for x in profile.split(",")], "seq": [int(x) for x in args.seq.split(",")],
           "max_total": args.max_total, "compute_caps": args.compute_capability}
     if args.cpu:
-        spec = GenBenchSpec(batches=(1, 4), prompt=64, new_tokens=32, ttft_prompts=(128,), repeats=3,
+        spec = GenBenchSpec(batches=(1, 4), prompt=64, new_tokens=32, ttft_prompts=(128,), repeats=args.repeats,
                             price_per_hour=args.price_per_hour)
         _cpu_artifacts(ckpt, args.work, args.precisions.split(","))
         rows = measure_cpu(args.work, _name(ckpt), args.precisions.split(","), spec)
@@ -344,10 +348,12 @@ def main(argv: list[str] | None = None) -> int:
 
         what = f"random init, {args.config} shape" if args.config else str(args.model)
         what += ", ONNX Runtime on the CPU" if args.cpu else ""
+        runs = max(MIN_RUNS, spec.repeats)
         body = (f"Model: {what}. Decode: greedy, batch x {spec.new_tokens} new tokens after a prompt of "
-                f"{' / '.join(map(str, contexts))} tokens, decode steps only (the prompt step apart), end to end (ids "
-                f"in, the next token on the host). Engines: max_total {args.max_total}. TTFT: one prompt step at "
-                f"batch 1, median of {spec.repeats}. Cost at ${spec.price_per_hour}/hour.\n\n{text}\n")
+                f"{' / '.join(map(str, contexts))} tokens; every path timed as its users run it, nothing added "
+                f"inside its loop: the whole generation call (ids in, every token on the host) minus a 1-token "
+                f"call, median of {runs} runs (± half their range). Engines: max_total {args.max_total}. TTFT: "
+                f"the 1-token call at batch 1, median of {runs}. Cost at ${spec.price_per_hour}/hour.\n\n{text}\n")
         append_benchmark(args.append, f"Generation speed, {what}", "python " + " ".join(sys.argv),
                          machine_text(None if args.cpu else engine_gpu_text()), body)
     return 0

@@ -73,7 +73,6 @@ def decode(engine: Path, batches=(1, 8)) -> dict:
     row = {}
     with TensorRTDecoder(engine) as dec:
         row["memory_loaded_bytes"] = free0 - cuda.mem_info()[0]
-        decode_rate(dec, 1, GenBenchSpec(new_tokens=8), dec.vocab)  # warm-up
         for b in batches:
             row[f"b{b}"] = decode_rate(dec, b, spec, dec.vocab)
             row[f"memory_b{b}_bytes"] = free0 - cuda.mem_info()[0]

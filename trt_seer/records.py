@@ -99,9 +99,15 @@ def inherit(record: dict) -> dict:
 
 def token_limits(info) -> dict:
     """What valid token ids and lengths are for this checkpoint (the runtime checks feeds against
-    them): {vocab_size, type_vocab_size, max_positions}, those the config gives."""
+    them, and cuts texts to `max_length`): {vocab_size, type_vocab_size, max_positions, max_length,
+    max_length_from}, those the checkpoint gives."""
     from trt_seer.export.families import max_positions
+    from trt_seer.tokenizer import model_max_length
 
     lim = {"vocab_size": info.config.get("vocab_size"), "type_vocab_size": info.config.get("type_vocab_size"),
            "max_positions": max_positions(info)}
-    return {k: int(v) for k, v in lim.items() if v}
+    lim = {k: int(v) for k, v in lim.items() if v}
+    own = model_max_length(info.path)
+    if own:
+        lim.update(max_length=own[0], max_length_from=own[1])
+    return lim

@@ -5,21 +5,26 @@ Hugging Face `generate` as the reference.
     from trt_seer.bench.generate import GenBenchSpec, measure_step
     rows = measure_step(step, vocab=32000, spec=GenBenchSpec())
 
-Every figure is end to end as a caller sees it: token ids from the host in, the next token on the
-host (greedy: the step's `next_tokens` where it has one, else the argmax of its logits). Decode
-tokens/s counts `batch x new_tokens` tokens over the decode steps after a prompt of each of
-`contexts` tokens, the prompt step timed apart; TTFT is one prompt step at batch 1 (median of
-`repeats`). Hugging Face `generate` (eager, or its static cache compiled by transformers) is timed
-the same way: a logits processor stamps the end of every step, so the prompt step and the compile
-are left out. Token ids are random: speed does not depend on what the tokens say.
+Every path is timed the same way, as its users run it, with nothing added inside its loop: one
+whole generation call (`new_tokens + 1` tokens per row, on the host: the engine's through
+`runtime.generate.generate_ids`, as `Generator.generate` runs it; Hugging Face's `generate`), minus
+one call that makes a single token (the prompt step alone). Decode tokens/s is `batch x new_tokens`
+over that difference: the median of `repeats` (at least 3) runs, with the runs' spread ((max - min)
+/ median of their rates). TTFT is the 1-token call at batch 1 (median). Both shapes run once,
+untimed, first (compiles, CUDA graphs, allocations). An engine's own GPU time per step (CUDA events
+it records anyway) is read in one more, untimed, run. Token ids are random: speed does not depend
+on what the tokens say.
 """
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
+
+MIN_RUNS = 3
 
 
 @dataclass(frozen=True)
@@ -29,7 +34,7 @@ class GenBenchSpec:
     contexts: tuple[int, ...] = ()  # more prompt lengths to decode after (decode cost vs context)
     new_tokens: int = 128
     ttft_prompts: tuple[int, ...] = (128, 1024)
-    repeats: int = 3
+    repeats: int = 3  # timed runs per point (at least MIN_RUNS)
     price_per_hour: float = 2.5  # the GPU's hourly price, for cost per 1M generated tokens
     seed: int = 0
 
@@ -38,84 +43,102 @@ def cost_per_million(price_per_hour: float, tokens_per_s: float) -> float:
     return price_per_hour / 3600.0 / tokens_per_s * 1e6
 
 
-def _prompt(rng, batch: int, length: int, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    ids = rng.integers(100, max(101, vocab - 1), size=(batch, length), dtype=np.int64)
-    mask = np.ones((batch, length), dtype=np.int64)
-    pos = np.broadcast_to(np.arange(length, dtype=np.int64), (batch, length)).copy()
-    return ids, mask, pos
+def _prompt(rng, batch: int, length: int, vocab: int) -> np.ndarray:
+    return rng.integers(100, max(101, vocab - 1), size=(batch, length), dtype=np.int64)  # (batch, length)
 
 
 def contexts(spec: GenBenchSpec) -> tuple[int, ...]:
     return (spec.prompt, *[c for c in spec.contexts if c != spec.prompt])
 
 
-def next_token_fn(step, sampling=None, rng: np.random.Generator | None = None):
-    """(input_ids, attention_mask, position_ids) -> the next token per row (batch,) int64: greedy
-    (the step's `next_tokens` where it has one, else the argmax of its logits), or with `sampling`
-    (a runtime.generate.Sampling of temperature > 0) runtime/sampling.py's choice on the host,
-    drawing from `rng`."""
-    if sampling is not None and sampling.temperature > 0:
-        from trt_seer.runtime.sampling import choose
-
-        return lambda *feeds: choose(step.step(*feeds), sampling, rng)
+def next_token_fn(step):
+    """(input_ids, attention_mask, position_ids) -> the greedy next token per row (batch,) int64:
+    the step's `next_tokens` where it has one, else the argmax of its logits (bench/kernels.py)."""
     return getattr(step, "next_tokens", None) or (lambda *feeds: step.step(*feeds).argmax(axis=-1).astype(np.int64))
+
+
+def seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def whole_minus_prompt(call: Callable[[int], None], new_tokens: int, runs: int) -> tuple[list[float], list[float]]:
+    """(decode seconds, prompt seconds) per run: `call(n)` is one whole generation of `n` tokens per
+    row; each run times `call(new_tokens + 1)`, then `call(1)` (the prompt step alone), and the
+    decode time is the difference. Both shapes run once, untimed, first."""
+    call(new_tokens + 1)
+    call(1)
+    decode, prompt = [], []
+    for _ in range(max(MIN_RUNS, runs)):
+        whole = seconds(lambda: call(new_tokens + 1))
+        first = seconds(lambda: call(1))
+        decode.append(whole - first)
+        prompt.append(first)
+    return decode, prompt
+
+
+def rate_row(batch: int, context: int, new_tokens: int, decode_s: list[float]) -> dict:
+    """Decode tokens/s at the median decode time, ms per step, and the runs' spread."""
+    median = statistics.median(decode_s)
+    if median <= 0:
+        raise ValueError(f"decode time {median * 1e3:.3f} ms: the whole call was not slower than its prompt step; "
+                         "time more new tokens")
+    rates = [batch * new_tokens / s for s in decode_s if s > 0]
+    return {"batch": batch, "context": context, "tokens_per_s": batch * new_tokens / median,
+            "ms_per_step": median / new_tokens * 1e3, "runs": len(decode_s),
+            "spread": (max(rates) - min(rates)) / statistics.median(rates) if len(rates) > 1 else None}
+
+
+def engine_call(step, prompt: np.ndarray, sampling=None) -> Callable[[int], None]:
+    """`call(n)`: one generation of `n` new tokens per row from `prompt` through the product's own
+    loop (`generate_ids`, greedy unless `sampling`), every token on the host; no EOS ends it early."""
+    from trt_seer.runtime.generate import Sampling, generate_ids
+
+    rows = [list(map(int, r)) for r in prompt]
+    chosen = sampling or Sampling()
+
+    def call(n: int) -> None:
+        for _ in generate_ids(step, rows, replace(chosen, max_new_tokens=n), set(), pad_id=0):
+            pass
+
+    return call
+
+
+def device_ms_per_step(step, prompt: np.ndarray, new_tokens: int, sampling=None) -> float | None:
+    """Median of the engine's own GPU time per step (`last_gpu_ms`) over one untimed generation."""
+    from trt_seer.runtime.generate import Sampling, generate_ids
+
+    if not hasattr(step, "last_gpu_ms"):
+        return None
+    rows, chosen = [list(map(int, r)) for r in prompt], replace(sampling or Sampling(), max_new_tokens=new_tokens + 1)
+    seen = [step.last_gpu_ms for _ in generate_ids(step, rows, chosen, set(), pad_id=0)][len(rows):]  # after the prompt's
+    seen = [ms for ms in seen if ms is not None]
+    return statistics.median(seen) if seen else None
 
 
 def decode_rate(step, batch: int, spec: GenBenchSpec, vocab: int, context: int | None = None,
                 sampling=None) -> dict:
-    """Decode of `spec.new_tokens` after a prompt of `context` (default `spec.prompt`) tokens:
-    tokens/s and ms per step. Greedy (on the device where the step can; with the tokens fed back on
-    the device, one step in flight while the host takes the last, where the step `pipelines`, as
-    `generate` runs it), or `sampling` (a runtime.generate.Sampling: drawn by the device sampler
-    and fed back the same way where the step `samples`, else the logits come back and
-    runtime/sampling.py chooses on the host)."""
+    """Decode of `spec.new_tokens` after a prompt of `context` (default `spec.prompt`) tokens,
+    timed as the module docstring says; `sampling`: a runtime.generate.Sampling (default greedy),
+    drawn where the product's loop draws it (the device sampler where the step has one)."""
     context = spec.prompt if context is None else context
-    rng = np.random.default_rng(spec.seed)
-    ids, mask, pos = _prompt(rng, batch, context, vocab)
-    step.reset(batch)
-    device_ms = []
-    on_device = sampling is not None and not sampling.top_k and getattr(step, "samples", False)
-    if on_device or (sampling is None and getattr(step, "pipelines", False)):  # as generation runs it
-        tokens = (step.sampled_tokens(ids, mask, spec.new_tokens + 1, sampling, np.random.default_rng(spec.seed + 1))
-                  if on_device else step.greedy_tokens(ids, mask, spec.new_tokens + 1))
-        next(tokens)  # the prompt step's token; the first decode step is already under way
-        start = time.perf_counter()
-        for _ in tokens:
-            device_ms.append(step.last_gpu_ms)
-        seconds = time.perf_counter() - start
-    else:
-        next_of = next_token_fn(step, sampling, np.random.default_rng(spec.seed + 1))
-        token = next_of(ids, mask, pos)
-        start = time.perf_counter()
-        for t in range(spec.new_tokens):
-            mask = np.ones((batch, context + t + 1), dtype=np.int64)
-            token = next_of(token[:, None], mask, np.full((batch, 1), context + t, dtype=np.int64))
-            if getattr(step, "last_gpu_ms", None) is not None:
-                device_ms.append(step.last_gpu_ms)
-        seconds = time.perf_counter() - start
-    return {"batch": batch, "context": context, "tokens_per_s": batch * spec.new_tokens / seconds,
-            "ms_per_step": seconds / spec.new_tokens * 1e3,
-            "device_ms_per_step": statistics.median(device_ms) if device_ms else None}
+    prompt = _prompt(np.random.default_rng(spec.seed), batch, context, vocab)
+    decode_s, _ = whole_minus_prompt(engine_call(step, prompt, sampling), spec.new_tokens, spec.repeats)
+    return {**rate_row(batch, context, spec.new_tokens, decode_s),
+            "device_ms_per_step": device_ms_per_step(step, prompt, spec.new_tokens, sampling)}
 
 
 def ttft_ms(step, prompt: int, spec: GenBenchSpec, vocab: int) -> float:
-    """Median wall time of one prompt step at batch 1 (prefill + the first token's logits)."""
-    rng = np.random.default_rng(spec.seed + prompt)
-    times = []
-    for _ in range(spec.repeats + 1):  # the first run warms the shape up and is dropped
-        ids, mask, pos = _prompt(rng, 1, prompt, vocab)
-        step.reset(1)
-        start = time.perf_counter()
-        step.step(ids, mask, pos)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times[1:])
+    """Median wall time of a 1-token generation at batch 1 (prefill and the first token on the host)."""
+    call = engine_call(step, _prompt(np.random.default_rng(spec.seed + prompt), 1, prompt, vocab))
+    call(1)  # warms the shape up, untimed
+    return statistics.median(seconds(lambda: call(1)) * 1e3 for _ in range(max(MIN_RUNS, spec.repeats)))
 
 
 def measure_step(step, vocab: int, spec: GenBenchSpec = GenBenchSpec(), sampling=None) -> dict:
     """{"decode": [per batch], "ttft_ms": {prompt: ms}} for one DecoderStep; `sampling` as for
     `decode_rate` (default greedy)."""
-    small = GenBenchSpec(**{**spec.__dict__, "new_tokens": 8})
-    decode_rate(step, spec.batches[0], small, vocab, sampling=sampling)  # warm-up: first-run kernels, allocations
     for b in spec.batches:  # every cache window's context and graph, before any timing
         getattr(step, "warm_up", lambda batch: None)(b)
     limit = getattr(step, "max_total", None)
@@ -128,53 +151,38 @@ def measure_step(step, vocab: int, spec: GenBenchSpec = GenBenchSpec(), sampling
 
 
 def hf_generate_rows(model, vocab: int, spec: GenBenchSpec = GenBenchSpec(), **generate_kw) -> dict:
-    """The same figures for Hugging Face `generate` (greedy) on a CUDA model, in the same form.
+    """The same figures for Hugging Face `generate` (greedy) in the same form, timed the same way:
+    the whole call (tokens copied to the host) minus a 1-token call, nothing inside its loop.
     `generate_kw`: e.g. cache_implementation="static" (transformers then compiles the step; each
-    new batch and length compiles once, in the untimed first run)."""
+    new batch and length compiles once, in the untimed first runs)."""
     import torch
-    import transformers
 
-    device = model.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    def hf_call(ids):
+        def call(n: int) -> None:
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False, **generate_kw)
+            out.cpu()  # the tokens reach the host, as the engines' do (and the GPU is done)
+        return call
 
-    class Stamps(transformers.LogitsProcessor):  # called once per step, after the step's forward
-        def __init__(self):
-            self.times = []
-
-        def __call__(self, input_ids, scores):
-            sync()
-            self.times.append(time.perf_counter())
-            return scores
-
-    def run(batch: int, prompt: int, new: int) -> list[float]:
-        ids = torch.randint(100, vocab - 1, (batch, prompt), device=device)
-        stamps = Stamps()
-        sync()
-        start = time.perf_counter()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                             do_sample=False, logits_processor=[stamps], **generate_kw)
-        out.cpu()  # the tokens reach the host, as the engines' do
-        return [start, *stamps.times]
+    def prompt(batch: int, length: int):
+        return torch.from_numpy(_prompt(np.random.default_rng(spec.seed), batch, length, vocab)).to(model.device)
 
     decode = []
     for c in contexts(spec):
         for b in spec.batches:
-            # warm-up (and compile) at the timed run's very shape: a static cache of another
-            # length would be compiled again inside the timed run
-            run(b, c, spec.new_tokens + 1)
-            times = run(b, c, spec.new_tokens + 1)
-            seconds = times[-1] - times[1]  # decode steps only: from the prompt step's end
-            decode.append({"batch": b, "context": c, "tokens_per_s": b * spec.new_tokens / seconds,
-                           "ms_per_step": seconds / spec.new_tokens * 1e3})
+            decode_s, _ = whole_minus_prompt(hf_call(prompt(b, c)), spec.new_tokens, spec.repeats)
+            decode.append(rate_row(b, c, spec.new_tokens, decode_s))
     ttft = {}
     for p in spec.ttft_prompts:
-        run(1, p, 1)
-        ttft[p] = statistics.median((lambda t: (t[1] - t[0]) * 1e3)(run(1, p, 1)) for _ in range(spec.repeats))
+        call = hf_call(prompt(1, p))
+        call(1)
+        ttft[p] = statistics.median(seconds(lambda: call(1)) * 1e3 for _ in range(max(MIN_RUNS, spec.repeats)))
     return {"decode": decode, "ttft_ms": ttft}
 
 
 def table(rows: dict[str, dict], spec: GenBenchSpec, baseline: str | None = None) -> str:
-    """Markdown: one row per path; decode tokens/s per batch, TTFT per prompt, memory, cost."""
+    """Markdown: one row per path; decode tokens/s per batch (the median run, ± half the runs'
+    range), TTFT per prompt, memory, cost."""
     ctx = contexts(spec)
     cols = [(b, c) for c in ctx for b in spec.batches]
     names = [f"decode tok/s b{b}" + (f" ctx {c}" if len(ctx) > 1 else "") for b, c in cols]
@@ -187,7 +195,7 @@ def table(rows: dict[str, dict], spec: GenBenchSpec, baseline: str | None = None
     base = [d["tokens_per_s"] for d in rows[baseline]["decode"]] if baseline in rows else None
     for name, r in rows.items():
         rates = [d["tokens_per_s"] for d in r["decode"]]  # in `cols` order
-        cells = [name, *(f"{x:,.0f}" for x in rates)]
+        cells = [name, *(f"{d['tokens_per_s']:,.0f}" + _spread(d) for d in r["decode"])]
         if baseline:
             cells += [f"{rates[i] / base[i]:.2f}x" if base else "n/a" for i in range(len(spec.batches))]
         first = r["decode"][0]
@@ -199,3 +207,8 @@ def table(rows: dict[str, dict], spec: GenBenchSpec, baseline: str | None = None
         cells.append(f"{cost_per_million(spec.price_per_hour, rates[len(spec.batches) - 1]):.3g}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _spread(row: dict) -> str:
+    spread = row.get("spread")
+    return f" ±{50 * spread:.1f}%" if spread is not None else ""

@@ -1,9 +1,12 @@
 """One runner per backend, loaded the path's way inside the worker process. Each runner's
-`timer(feeds)` returns a call that runs the model once from host (numpy) inputs to host outputs
-and returns (end-to-end ms, device ms or None): the device time brackets the model's own GPU work
-with CUDA events; CPU paths have none."""
+`timer(feeds)` returns a call that runs the model once from host (numpy) inputs to host outputs,
+as a user calls it with nothing added, and returns (end-to-end ms, None). GPU runners also have
+`device_timer(feeds, outputs)`: the same call with CUDA events around the model's own GPU work,
+returning (end-to-end ms, device ms), timed in a separate pass (bench/measure.py); CPU paths have
+no device time."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -62,8 +65,8 @@ class TorchRunner:
         self.autocast = autocast_dtype
         self.size_bytes = _weights_bytes(module)
         if self.device.type == "cuda":
-            self.timing_kind = ("end to end (time.perf_counter: inputs to the GPU, forward, outputs to numpy); "
-                                "device: CUDA events around the forward")
+            self.timing_kind = ("end to end (time.perf_counter: inputs to the GPU, forward, outputs to numpy; "
+                                "nothing added); device: CUDA events around the forward, in a separate pass")
             self.memory_kind = "torch.cuda.max_memory_allocated"
 
     def _args(self, feeds: dict):
@@ -80,8 +83,12 @@ class TorchRunner:
         return {n: o.float().cpu().numpy() for n, o in zip(self.info.outputs, out)}
 
     def timer(self, feeds: dict):
+        return lambda: (wall_ms(lambda: self.outputs(feeds)), None)
+
+    def device_timer(self, feeds: dict, outputs: list[str] | None = None):
+        """On a GPU: the forward between CUDA events (after the input copies); None on the CPU."""
         if self.device.type != "cuda":
-            return lambda: (wall_ms(lambda: self.outputs(feeds)), None)
+            return None
         torch = self.torch
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
@@ -127,6 +134,11 @@ class CompiledTorchRunner(TorchRunner):
         for _ in range(COMPILE_WARMUP_CALLS):
             self.outputs(feeds)
         return super().timer(feeds)
+
+    def device_timer(self, feeds: dict, outputs: list[str] | None = None):
+        for _ in range(COMPILE_WARMUP_CALLS):  # the events' stream work must not be what a graph replays around
+            self.outputs(feeds)
+        return super().device_timer(feeds, outputs)
 
 
 def _quantize_dynamic(model):
@@ -200,11 +212,12 @@ def onnx_runner(path: Path, threads: int | None) -> CallRunner:
 
 class EngineRunner(CallRunner):
     """A TensorRT engine through trt_seer.runtime (never its ONNX fallback). End to end: one
-    `infer` with numpy in and out (staging, copies, execution, sync); device: the runtime's CUDA
-    events around the engine's execution. Memory: device memory in use minus before loading."""
+    `infer` with numpy in and out (staging, copies, execution, sync), loaded as a service loads it
+    (no timing events); device: the runtime's CUDA events around the engine's execution, switched
+    on for the separate device pass only. Memory: device memory in use minus before loading."""
 
-    timing_kind = ("end to end (time.perf_counter around runtime infer, numpy in and out); "
-                   "device: the runtime's CUDA events around the engine")
+    timing_kind = ("end to end (time.perf_counter around runtime infer, numpy in and out, nothing added); "
+                   "device: the runtime's CUDA events around the engine, in a separate pass")
     memory_kind = "GPU memory in use (cudaMemGetInfo delta)"
 
     def __init__(self, engine_path: Path, use_cuda_graph: bool = False, task: str | None = None):
@@ -214,7 +227,7 @@ class EngineRunner(CallRunner):
         cuda.set_device(0)  # the context exists before the baseline, so only the engine counts
         self.mem_info = cuda.mem_info
         self.baseline = self._used()
-        model = runtime.load(engine_path, backend="tensorrt", use_cuda_graph=use_cuda_graph, time_gpu=True)
+        model = runtime.load(engine_path, backend="tensorrt", use_cuda_graph=use_cuda_graph)
         super().__init__(model, artifact_bytes(engine_path))
         self.main_output = main_output(task, model.output_names)
 
@@ -224,15 +237,26 @@ class EngineRunner(CallRunner):
 
     def timer(self, feeds: dict, outputs: list[str] | None = None):
         """All outputs copied back, or only `outputs` (what a service that keeps one would pay)."""
+        self._events(False)
+        return lambda: (wall_ms(lambda: self.model.infer(feeds, outputs)), None)
+
+    def main_timer(self, feeds: dict):
+        """The same call returning only the task's main output; None where there is no other output."""
+        return None if self.main_output is None else self.timer(feeds, [self.main_output])
+
+    def device_timer(self, feeds: dict, outputs: list[str] | None = None):
+        """The same call with the runtime's timing events on: (end to end, the engine's GPU ms)."""
+        self._events(True)
+
         def once() -> tuple[float, float | None]:
             e2e = wall_ms(lambda: self.model.infer(feeds, outputs))
             return e2e, self.model.last_gpu_ms
 
         return once
 
-    def main_timer(self, feeds: dict):
-        """The same call returning only the task's main output; None where there is no other output."""
-        return None if self.main_output is None else self.timer(feeds, [self.main_output])
+    def _events(self, on: bool) -> None:
+        """The runtime's `time_gpu` option, for the device pass only (events change how it enqueues)."""
+        self.model.options = dataclasses.replace(self.model.options, time_gpu=on)
 
     def memory(self) -> dict:
         return {"memory_bytes": self._used() - self.baseline, "host_peak_rss_bytes": peak_rss_bytes()}

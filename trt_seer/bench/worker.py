@@ -14,7 +14,7 @@ import functools
 import json
 from pathlib import Path
 
-from trt_seer.bench.measure import TimingSpec, measure, summarize_point
+from trt_seer.bench.measure import TimingSpec, device_pass, measure, summarize_apart
 from trt_seer.bench.paths import PATH_BY_KEY
 from trt_seer.bench.runners import copy_bandwidth, make_runner, peak_rss_bytes
 
@@ -73,15 +73,24 @@ def attempt(fn):
 
 def _point(runner, info, job: dict, batch: int) -> dict:
     feeds = timing_feeds(info, batch, job["seq"])
-    once = runner.timer(feeds)
+    spec = TimingSpec(**job["timing"])
     runner.reset_peak()
-    samples, stopped = measure(once, TimingSpec(**job["timing"]))
-    point = {"batch": batch, **summarize_point(samples), "stopped_by": stopped, **runner.memory()}
-    main = runner.main_timer(feeds) if job.get("main_output") and hasattr(runner, "main_timer") else None
-    if main is not None:  # engine paths: the same call again, copying back only the main output
-        only = summarize_point(measure(main, TimingSpec(**job["timing"]))[0])
-        point.update(main_output=runner.main_output, **{f"main_{k}": only[k] for k in MAIN_KEYS})
+    point = {"batch": batch, **_timed(runner, feeds, spec, None), **runner.memory()}
+    main = getattr(runner, "main_output", None) if job.get("main_output") and hasattr(runner, "main_timer") else None
+    if main is not None and runner.main_timer(feeds) is not None:  # the same call, copying back only the main output
+        only = _timed(runner, feeds, spec, [main])
+        point.update(main_output=main, **{f"main_{k}": only[k] for k in MAIN_KEYS})
     return point
+
+
+def _timed(runner, feeds: dict, spec: TimingSpec, outputs: list[str] | None) -> dict:
+    """Plain calls for the end-to-end figures, then (GPU paths) a separate pass with CUDA events
+    for the device ones; `outputs`: only these copied back (None: all)."""
+    once = runner.timer(feeds) if outputs is None else runner.main_timer(feeds)
+    samples, stopped = measure(once, spec)
+    device = runner.device_timer(feeds, outputs) if hasattr(runner, "device_timer") else None
+    device_samples = measure(device, device_pass(spec))[0] if device is not None else []
+    return {**summarize_apart(samples, device_samples), "stopped_by": stopped}
 
 
 def _eval(runner, info, job: dict) -> dict:

@@ -8,17 +8,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 
 from trt_seer.errors import InputError, UnsupportedError
-from trt_seer.tokenizer import load_tokenizer
 
 log = logging.getLogger("trt_seer")
-DEFAULT_MAX_LENGTH = 512
-TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+LONG_RUN = 10_000  # texts: a progress bar even where stderr is not a terminal
 
 
 def add_parser(subparsers, common):
@@ -32,8 +31,9 @@ def add_parser(subparsers, common):
                    help="auto: TensorRT where a GPU is usable, else the sibling .onnx on CPU (default)")
     p.add_argument("--tokenizer", metavar="DIR", default=None,
                    help="directory with tokenizer.json (default: the checkpoint recorded in the manifest)")
-    p.add_argument("--batch-size", type=common.positive_int, default=32, metavar="N",
-                   help="texts per call (capped by the engine's profile; default 32)")
+    p.add_argument("--batch-size", type=common.positive_int, default=None, metavar="N",
+                   help="at most N texts per call (default: the engine's largest batch; 32 for an ONNX graph); "
+                        "texts are sorted by length into batches, results come in input order")
     p.add_argument("--threads", type=int, default=0, metavar="N",
                    help="ONNX Runtime intra-op threads (default: one per core)")
     common.add_verbosity(p)
@@ -54,70 +54,22 @@ def read_texts(args) -> list[str]:
     return texts
 
 
-def tokenizer_dir(args, record: dict | None) -> Path:
-    if args.tokenizer:
-        return Path(args.tokenizer)
-    checkpoint = ((record or {}).get("source") or {}).get("checkpoint")
-    if not checkpoint:
-        raise InputError(f"{Path(args.artifact).name} has no manifest naming its checkpoint; "
-                         "pass --tokenizer DIR (a directory with tokenizer.json)")
-    return Path(checkpoint)
-
-
-
-def seq_limits(model) -> tuple[int, int]:
-    """(min, max) sequence length the model takes: the profile's, or 1..512 with no profile."""
-    ids = next((s for s in model.inputs if s.name == "input_ids"), None)
-    if ids is None or set(model.input_names) - set(TOKEN_INPUTS):
-        raise UnsupportedError(f"the model takes {list(model.input_names)}; `run` feeds token ids "
-                               "(input_ids, attention_mask[, token_type_ids])")
-    if ids.min_shape is not None:
-        return ids.min_shape[1], ids.max_shape[1]
-    return 1, DEFAULT_MAX_LENGTH
-
-
-def batch_limits(model, wanted: int) -> tuple[int, int]:
-    spec = model.inputs[0]
-    if spec.min_shape is None:
-        return 1, wanted
-    return spec.min_shape[0], max(spec.min_shape[0], min(wanted, spec.max_shape[0]))
-
-
-def batches(model, ids: list[list[int]], batch_size: int):
-    """Yields (number of real rows, feeds): right-padded to the longest row (within the profile),
-    with repeated rows filling a batch up to the profile's minimum."""
-    from trt_seer.data import pad_batch
-
-    lo_seq, _ = seq_limits(model)
-    lo_batch, hi_batch = batch_limits(model, batch_size)
-    for start in range(0, len(ids), hi_batch):
-        rows = ids[start:start + hi_batch]
-        real = len(rows)
-        rows = rows + [rows[-1]] * max(0, lo_batch - real)
-        seq = max(lo_seq, max(len(r) for r in rows))
-        yield real, pad_batch(rows, model.input_names, seq)
-
-
-def summarize(task: str, outputs: dict[str, np.ndarray], labels: dict | None, full: bool) -> list[dict]:
-    """One dict per row: the embedding, the label and logits, or the next-token prediction."""
-    rows = []
-    for i in range(len(next(iter(outputs.values())))):
-        if task == "feature-extraction" and "sentence_embedding" in outputs:
-            vec = outputs["sentence_embedding"][i].astype(np.float64)
-            rows.append({"embedding": vec.tolist() if full else vec[:8].round(5).tolist(),
-                         "dim": int(vec.size), "norm": round(float(np.linalg.norm(vec)), 5)})
-        elif task == "text-classification" and "logits" in outputs:
-            logits = outputs["logits"][i].astype(np.float64)
-            k = int(np.argmax(logits))
-            rows.append({"label": (labels or {}).get(str(k), str(k)), "label_id": k,
-                         "logits": logits.round(6).tolist()})
-        else:
-            rows.append({name: (v[i].tolist() if full else list(v[i].shape)) for name, v in outputs.items()})
-    return rows
+def summarize(task: str, row: dict[str, np.ndarray], labels: dict | None, full: bool) -> dict:
+    """One text's result: the embedding, the label and logits, or each output (its shape unless `full`)."""
+    if task == "feature-extraction" and "sentence_embedding" in row:
+        vec = row["sentence_embedding"].astype(np.float64)
+        return {"embedding": vec.tolist() if full else vec[:8].round(5).tolist(),
+                "dim": int(vec.size), "norm": round(float(np.linalg.norm(vec)), 5)}
+    if task == "text-classification" and "logits" in row:
+        logits = row["logits"].astype(np.float64)
+        k = int(np.argmax(logits))
+        return {"label": (labels or {}).get(str(k), str(k)), "label_id": k, "logits": logits.round(6).tolist()}
+    return {name: (v.tolist() if full else list(v.shape)) for name, v in row.items()}
 
 
 def run(args) -> int:
     from trt_seer.runtime import load
+    from trt_seer.runtime.texts import TextRunner
 
     texts = read_texts(args)
     opts = {"time_gpu": True, **({"threads": args.threads} if args.threads else {})}
@@ -131,20 +83,31 @@ def run(args) -> int:
         if record.get("task") == "causal-lm":
             raise UnsupportedError(f"{Path(args.artifact).name} is a causal-lm artifact (a KV-cache "
                                    "decoder); run it with `trt-seer generate`")
-        tok_dir = tokenizer_dir(args, record)
-        tokenizer = load_tokenizer(tok_dir, seq_limits(model)[1], "pass --tokenizer DIR")
-        ids = [e.ids for e in tokenizer.encode_batch(texts)]
+        runner = TextRunner.open(model, args.artifact, args.tokenizer, args.batch_size, hint="pass --tokenizer DIR")
         task = record.get("task") or _guess_task(model.output_names)
-        labels = _labels(tok_dir)
-        results, gpu_ms = [], []
-        for real, feeds in batches(model, ids, args.batch_size):
-            out = model.infer(feeds)
-            rows = summarize(task, out, labels, args.json)
-            results += rows[:real]
-            if model.last_gpu_ms is not None:
-                gpu_ms.append(model.last_gpu_ms)
+        gpu_ms = []
+        with _progress(len(texts), runner.shape.max_batch) as bar:
+            def done(n: int) -> None:
+                bar.update(n)
+                if model.last_gpu_ms is not None:
+                    gpu_ms.append(model.last_gpu_ms)
+
+            outputs = runner.run(texts, done)
+        labels = _labels(runner.checkpoint)
+        results = [summarize(task, row, labels, args.json) for row in outputs]
         _print(args, model, task, texts, results, gpu_ms)
     return 0
+
+
+def _progress(total: int, batch: int):
+    """A progress bar on stderr over many batches: where stderr is a terminal, or on a file so long
+    (LONG_RUN texts) that a log of it wants one, updated at most every 30 s there."""
+    from tqdm import tqdm
+
+    tty = sys.stderr.isatty()
+    shown = total > batch and (tty or total >= LONG_RUN)
+    return tqdm(total=total, unit="text", file=sys.stderr, disable=not shown, mininterval=0.1 if tty else 30,
+                leave=False)
 
 
 def _guess_task(output_names) -> str:

@@ -81,10 +81,28 @@ def load(prefer: str | None = None) -> Flavor:
             raise UnsupportedError(f"unknown TensorRT flavor {name!r}; choose one of {FLAVORS}")
         try:
             return _import(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:  # installed but broken (a missing library): that is the news
+                errors.append(f"{name}: {e}")
         except ImportError as e:
             errors.append(f"{name}: {e}")
-    raise DependencyError("no TensorRT runtime importable (" + "; ".join(errors) + "); "
-                          "pip install 'trt-seer[rtx]' (TensorRT-RTX) or 'trt-seer[tensorrt]'")
+    raise DependencyError(missing_tensorrt_message(prefer, errors))
+
+
+GPU_INSTALL = {"tensorrt_rtx": 'pip install "trt-seer[rtx,gpu]"',  # [gpu]: TensorRT-RTX + cuda-python
+               "tensorrt": 'pip install "trt-seer[tensorrt]" "cuda-python>=12.6"'}
+CPU_INSTALL = {"tensorrt_rtx": '"trt-seer[rtx]"', "tensorrt": '"trt-seer[tensorrt]"'}
+
+
+def missing_tensorrt_message(prefer: str | None, errors: list[str]) -> str:
+    """One line: which TensorRT is missing and the install line that adds it (with cuda-python,
+    which a GPU machine needs to run engines), or `export` for ONNX alone."""
+    flavor = prefer or "tensorrt_rtx"
+    what = f"{prefer} (TRT_SEER_TENSORRT) is" if prefer else "TensorRT (tensorrt_rtx or tensorrt) is"
+    broken = f" ({'; '.join(errors)})" if errors else ""
+    return (f"{what} not installed{broken}; on a GPU machine: {GPU_INSTALL[flavor]} "
+            f"(on a machine without a GPU, {CPU_INSTALL[flavor]} builds engines for a GPU one); "
+            "for ONNX alone: trt-seer export")
 
 
 def available() -> bool:

@@ -40,8 +40,10 @@ class EvalSpec:
 def eval_batches(info: ModelInfo, spec: EvalSpec = EvalSpec(), texts: list[str] | None = None) -> list[dict]:
     """Held-out token batches (the shipped held-out corpus, or random tokens for a model without a
     tokenizer, e.g. a tiny test checkpoint)."""
-    limit = max_positions(info) or spec.max_seq
-    max_seq = min(spec.max_seq, limit)
+    from trt_seer.tokenizer import model_max_length
+
+    own = model_max_length(info.path)  # what `run` cuts texts to as well (runtime/texts.py)
+    max_seq = min(spec.max_seq, max_positions(info) or spec.max_seq, own[0] if own else spec.max_seq)
     profile = ShapeProfile((1, spec.batch, spec.batch), (2, min(128, max_seq), max_seq))
     if data.has_tokenizer(info):
         texts = texts if texts is not None else data.load_texts(data.default_corpus("heldout"))

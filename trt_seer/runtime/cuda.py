@@ -16,6 +16,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
+import os
+import shutil
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -35,10 +37,20 @@ def cudart():
     for name in _MODULES:
         try:
             return importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if not (e.name or "").startswith("cuda"):  # installed but broken: that is the news
+                errors.append(f"{name}: {e}")
         except ImportError as e:
             errors.append(f"{name}: {e}")
-    raise DependencyError("cuda-python is not installed (" + "; ".join(errors) + "); "
-                          "TensorRT engines need it: pip install -e \".[gpu]\" (a wheel: pip install 'trt-seer[gpu]')")
+    broken = f" ({'; '.join(errors)})" if errors else ""
+    gpu = "this machine has an NVIDIA GPU but " if nvidia_driver_present() else ""
+    raise DependencyError(f"{gpu}cuda-python is not installed{broken}, so TensorRT engines cannot run on the GPU; "
+                          'pip install "trt-seer[gpu]" (from a checkout: pip install -e ".[gpu]")')
+
+
+def nvidia_driver_present() -> bool:
+    """Whether an NVIDIA driver is loaded (Linux) or its tool is on PATH; asks no CUDA library."""
+    return os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None
 
 
 def error_name(err) -> str:

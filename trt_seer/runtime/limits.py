@@ -62,6 +62,14 @@ def token_limits(record: dict | None, onnx_path: Path | None) -> TokenLimits:
     return TokenLimits({})
 
 
+def recorded_max_length(record: dict | None) -> tuple[int, str] | None:
+    """(tokens, which setting) of the model's own length limit as its record says (records.token_limits)."""
+    recorded = (record or {}).get("limits")
+    if isinstance(recorded, dict) and isinstance(recorded.get("max_length"), int) and recorded["max_length"] > 0:
+        return recorded["max_length"], str(recorded.get("max_length_from") or "max length")
+    return None
+
+
 def limits_from_onnx(path: Path) -> TokenLimits:
     """Token limits read from the graph's embedding tables (see the module docstring)."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
