@@ -434,3 +434,20 @@ def test_stacked_rotary_gives_the_models_own_rotation_to_the_bit():
         with stacked_rotary(model):  # entered twice: wrapped once
             assert modeling_llama.apply_rotary_pos_emb.stacked_from is original
     assert modeling_llama.apply_rotary_pos_emb is original
+
+
+def test_stacked_rotary_takes_only_the_plain_form():
+    """GPT-J's `apply_rotary_pos_emb(tensor, sin, cos)` (and anything not giving the stacked result
+    to the bit) is left to the model; Llama's and GPT-NeoX's partial form are stacked."""
+    from transformers.models.gpt_neox import modeling_gpt_neox
+    from transformers.models.gptj import modeling_gptj
+    from transformers.models.llama import modeling_llama
+
+    from trt_seer.export.rotary import plain_form, stacked_rotary
+
+    assert plain_form(modeling_llama.apply_rotary_pos_emb) and plain_form(modeling_gpt_neox.apply_rotary_pos_emb)
+    assert not plain_form(modeling_gptj.apply_rotary_pos_emb)
+    assert not plain_form(lambda q, k, cos, sin: (q * q.shape[1], k))  # depends on the head count
+    original = modeling_gptj.apply_rotary_pos_emb
+    with stacked_rotary(type("GPTJForCausalLM", (), {"__module__": modeling_gptj.__name__})()):
+        assert modeling_gptj.apply_rotary_pos_emb is original
