@@ -426,3 +426,32 @@ def test_build_progress_draws_nested_phases_at_a_bounded_rate(capsys):
     bars.phase_finish("Building engine")
     drawn = capsys.readouterr().err.count("Building engine")
     assert 1 <= drawn < 200, drawn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,logits", [("fp32", "float32"), ("fp16", "float16")])
+def test_a_decoder_built_where_no_engine_runs_keeps_what_generate_runs_there(tmp_path, capsys, precision, logits):
+    """Built where no engine runs (no GPU / CUDA here), a decoder keeps the graph ONNX Runtime runs in
+    its engine's place, says so, and `generate` on the engine works; only the asked precision's
+    engine and its sampler are built (no FP16 engine for --fp32)."""
+    from test_generate import hf_greedy, save_tokenizer
+
+    from trt_seer import cli
+    from trt_seer.runtime import tensorrt_unavailable_reason
+
+    if tensorrt_unavailable_reason() is None:
+        pytest.skip("engines run on this machine")
+    ckpt = make_tiny_checkpoint("llama", "causal-lm", tmp_path / "llama", initializer_range=0.3)
+    save_tokenizer(ckpt)
+    out = tmp_path / "out"
+    assert cli.main(["build", "--model", str(ckpt), f"--{precision}", "--seq", "1,16,128", "--out", str(out)]) == 0
+    assert "keeping the ONNX graphs that ONNX Runtime runs in the engines' place" in capsys.readouterr().err
+    assert sorted(p.name for p in out.glob("*.engine")) == [f"llama.{precision}.engine", f"llama.sampler.{logits}.engine"]
+    argv = ["generate", str(out / f"llama.{precision}.engine"), "--prompt", "w5 w9 w17 w33", "--max-new-tokens", "6"]
+    assert cli.main([*argv, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert f"on ONNX Runtime (CPU) instead of llama.{precision}.engine" in captured.err
+    result = json.loads(captured.out)["results"][0]
+    want = hf_greedy(ckpt, [result["prompt_ids"]], 6)[0]
+    agree = sum(a == b for a, b in zip(result["token_ids"], want))
+    assert agree == len(want) if precision == "fp32" else agree >= len(want) - 1

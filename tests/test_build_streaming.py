@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 needs_trt = pytest.mark.skipif(not trt.available(), reason="no TensorRT / TensorRT-RTX importable")
 LOOSE_GATE = ("--min-agreement", "0", "--max-ppl-increase", "10")  # random weights: nothing to protect
 PROFILE = ("--batch", "1,4,16", "--seq", "8,64,256")
+STREAM = "--no-keep-intermediates"  # the streaming order even where no engine runs (the default keeps the graphs)
 ENV = {**os.environ, "TQDM_DISABLE": "1"}
 
 
@@ -47,7 +48,7 @@ def streamed(llama80m, tmp_path_factory):
     if not trt.available():
         pytest.skip("no TensorRT / TensorRT-RTX importable")
     out = tmp_path_factory.mktemp("streamed") / "out"
-    r, peak = build_polled("--model", llama80m, "--fp16", "--int4", *PROFILE, *LOOSE_GATE, out=out)
+    r, peak = build_polled("--model", llama80m, "--fp16", "--int4", STREAM, *PROFILE, *LOOSE_GATE, out=out)
     assert r.returncode == 0, r.stderr[-3000:]
     return out, r, peak
 
@@ -93,7 +94,8 @@ def test_stage_figures_reach_the_log_and_the_manifests(streamed):
 def test_a_second_build_is_a_cache_hit_without_torch(llama80m, streamed):
     out = streamed[0]
     code = ("import sys, time; from trt_seer.cli import main; t = time.perf_counter(); "
-            f"rc = main(['build', '--model', {str(llama80m)!r}, '--fp16', '--int4', *{list(PROFILE + LOOSE_GATE)!r}, "
+            f"rc = main(['build', '--model', {str(llama80m)!r}, '--fp16', '--int4', {STREAM!r}, "
+            f"*{list(PROFILE + LOOSE_GATE)!r}, "
             f"'--out', {str(out)!r}]); print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300)
     assert r.stdout.split() == ["0", "False", "False"], r.stderr[-2000:]
@@ -103,7 +105,7 @@ def test_a_second_build_is_a_cache_hit_without_torch(llama80m, streamed):
 @pytest.mark.slow
 def test_dry_run_prints_the_plan_and_writes_nothing(llama80m, tmp_path):
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(llama80m), "--fp16", "--int8",
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(llama80m), "--fp16", "--int8", STREAM,
                         "--int4", "--dry-run", *PROFILE, "--out", str(out)], capture_output=True, text=True, env=ENV,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -129,7 +131,7 @@ def small_disk(tmp_path):
 def test_a_build_without_room_is_refused_before_any_work(llama80m, small_disk):
     out = small_disk / "engines"
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(llama80m), "--fp16", "--int4",
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(llama80m), "--fp16", "--int4", STREAM,
                         *PROFILE, "--out", str(out)], capture_output=True, text=True, env=ENV, timeout=600)
     assert r.returncode == 2, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
@@ -172,7 +174,7 @@ def test_gate_fallback_ranks_by_weight_error_once_the_fp16_weights_are_gone(tmp_
 
     ckpt = make_tiny_checkpoint("llama", "causal-lm", tmp_path / "llama", hidden_size=128, intermediate_size=256)
     calib = npz_batches(tmp_path / "calib")
-    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(ckpt), "--int4", "--calib", str(calib),
+    r = subprocess.run([sys.executable, "-m", "trt_seer", "build", "--model", str(ckpt), "--int4", STREAM, "--calib", str(calib),
                         "--batch", "1,2,4", "--seq", "8,16,32", "--min-agreement", "0.99", "--out", str(tmp_path / "out")],
                        capture_output=True, text=True, env=ENV, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -13,7 +13,7 @@ from trt_seer import files
 from trt_seer.export import checkpoint as export
 from trt_seer.export import onnxio
 from trt_seer.errors import ExportMismatchError, InputError, UnsupportedError
-from trt_seer.export.families import TASKS, TESTED_FAMILIES, resolve_model
+from trt_seer.export.families import TASKS, TESTED_DECODERS, TESTED_ENCODERS, TESTED_FAMILIES, resolve_model
 
 FE, TC, LM = "feature-extraction", "text-classification", "causal-lm"
 CASES = [  # one task per family, every task several times; tiny configs in tests/tiny.py
@@ -80,7 +80,9 @@ def test_export_matches_pytorch(tiny_checkpoint, tmp_path, model_type, task):
 
 
 def test_matrix_covers_the_listed_families():
-    assert sorted({m for m, _ in CASES}) == sorted(TESTED_FAMILIES) and len(TESTED_FAMILIES) >= 16
+    """Encoders here; the decoders' generation matrix is tests/test_generate.py's."""
+    assert sorted({m for m, _ in CASES} - DECODERS) == sorted(TESTED_ENCODERS) and len(TESTED_FAMILIES) >= 16
+    assert DECODERS <= set(TESTED_DECODERS)
 
 
 KV_DECODERS = ["gpt2", "llama", "qwen2", "mistral", "qwen3", "gemma", "phi3"]  # exported with a KV cache
@@ -432,3 +434,20 @@ def test_stacked_rotary_gives_the_models_own_rotation_to_the_bit():
         with stacked_rotary(model):  # entered twice: wrapped once
             assert modeling_llama.apply_rotary_pos_emb.stacked_from is original
     assert modeling_llama.apply_rotary_pos_emb is original
+
+
+def test_stacked_rotary_takes_only_the_plain_form():
+    """GPT-J's `apply_rotary_pos_emb(tensor, sin, cos)` (and anything not giving the stacked result
+    to the bit) is left to the model; Llama's and GPT-NeoX's partial form are stacked."""
+    from transformers.models.gpt_neox import modeling_gpt_neox
+    from transformers.models.gptj import modeling_gptj
+    from transformers.models.llama import modeling_llama
+
+    from trt_seer.export.rotary import plain_form, stacked_rotary
+
+    assert plain_form(modeling_llama.apply_rotary_pos_emb) and plain_form(modeling_gpt_neox.apply_rotary_pos_emb)
+    assert not plain_form(modeling_gptj.apply_rotary_pos_emb)
+    assert not plain_form(lambda q, k, cos, sin: (q * q.shape[1], k))  # depends on the head count
+    original = modeling_gptj.apply_rotary_pos_emb
+    with stacked_rotary(type("GPTJForCausalLM", (), {"__module__": modeling_gptj.__name__})()):
+        assert modeling_gptj.apply_rotary_pos_emb is original

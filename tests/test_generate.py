@@ -10,10 +10,18 @@ from tiny import VOCAB, make_tiny_checkpoint
 
 from trt_seer import cli, pipeline
 from trt_seer.errors import InputError
-from trt_seer.export.families import resolve_model
+from trt_seer.export.families import TESTED_DECODERS, resolve_model
 from trt_seer.runtime.generate import Generator, Sampling, load_generator, load_step, load_tokenizer
 
-FAMILIES = ("gpt2", "llama", "qwen2", "mistral")
+FAMILIES = ("gpt2", "llama", "qwen2", "mistral")  # also exported in FP16 and compared with FP32
+# Every rotary and attention variant among the decoder families (families.TESTED_DECODERS, listed
+# in the README): learned positions (GPT-2, OPT); rotate-half rotary on whole heads with grouped
+# (Llama, Qwen2, Phi-3), multi-query (Gemma) and sliding-window (Mistral) attention and query/key
+# norms (Qwen3); partial rotary (GPT-NeoX rotary_pct, StableLM); GPT-J's interleaved rotary on part
+# of each head, called on q and k apart (GPT-J, CodeGen); ALiBi (BLOOM); Falcon's parallel
+# attention with its own name for the key/value heads.
+DECODER_FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "qwen3", "gemma", "phi3", "gpt_neox", "opt",
+                    "stablelm", "gptj", "codegen", "bloom", "falcon")
 PROMPTS = ["w5 w9 w17 w33", "w40", "w3 w4 w5 w6 w7 w8 w9 w10 w11", "w64 w65"]
 NEW_TOKENS = 12
 
@@ -30,22 +38,32 @@ def save_tokenizer(dest) -> None:
     tok.save(str(dest / "tokenizer.json"))
 
 
+class Exports(dict):
+    """family -> (checkpoint dir, fp32 onnx, fp16 onnx or None), exported on first use: FP16 too
+    for FAMILIES, FP32 alone for the rest of DECODER_FAMILIES."""
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, family):
+        # a wide initializer makes the random logits peaked, so argmax is not decided by float noise
+        ckpt = make_tiny_checkpoint(family, "causal-lm", self.root / family, initializer_range=0.3)
+        save_tokenizer(ckpt)
+        info = resolve_model(ckpt)
+        art = pipeline.Artifacts(self.root / f"{family}-out", info.name)
+        art.out.mkdir()
+        fp32 = pipeline.fp32_onnx(info, art)
+        if family in FAMILIES:
+            pipeline.fp16_onnx(info, art, fp32)
+        self[family] = (ckpt, art.path("fp32.onnx"), art.path("fp16.onnx") if family in FAMILIES else None)
+        return self[family]
+
+
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
     """Per family: (checkpoint dir, fp32 onnx, fp16 onnx), exported once for the module."""
-    root = tmp_path_factory.mktemp("gen")
-    made = {}
-    for family in FAMILIES:
-        # a wide initializer makes the random logits peaked, so argmax is not decided by float noise
-        ckpt = make_tiny_checkpoint(family, "causal-lm", root / family, initializer_range=0.3)
-        save_tokenizer(ckpt)
-        info = resolve_model(ckpt)
-        art = pipeline.Artifacts(root / f"{family}-out", info.name)
-        art.out.mkdir()
-        fp32 = pipeline.fp32_onnx(info, art)
-        pipeline.fp16_onnx(info, art, fp32)
-        made[family] = (ckpt, art.path("fp32.onnx"), art.path("fp16.onnx"))
-    return made
+    return Exports(tmp_path_factory.mktemp("gen"))
 
 
 def hf_greedy(ckpt, prompts: list[list[int]], new_tokens: int, eos: int = 2) -> list[list[int]]:
@@ -73,7 +91,12 @@ def generate_json(capsys, artifact, *extra) -> list[dict]:
     return json.loads(capsys.readouterr().out)["results"]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+def test_decoder_matrix_is_the_listed_families():
+    assert DECODER_FAMILIES == TESTED_DECODERS and set(FAMILIES) <= set(DECODER_FAMILIES)
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=() if f in FAMILIES else (pytest.mark.slow,))
+                                    for f in DECODER_FAMILIES])
 def test_greedy_matches_hugging_face(artifacts, capsys, family):
     ckpt, fp32, _ = artifacts[family]
     results = generate_json(capsys, fp32)
@@ -83,6 +106,27 @@ def test_greedy_matches_hugging_face(artifacts, capsys, family):
     for r in results:
         assert len(r["token_ids"]) == NEW_TOKENS or r["finish_reason"] == "eos"
         assert r["text"] == " ".join(f"w{t}" for t in r["token_ids"] if t > 2)
+
+
+@pytest.mark.parametrize("family,says", [
+    ("mpt", r"'mpt': its config.json names its head count neither num_attention_heads nor n_head"),
+    ("mixtral", r"ONNX export of mixtral \(mixtral\) failed in transformers\.models\.mixtral\.modeling_mixtral "
+                r"at torch\.ops\.\S+: \w+Error: "),
+], ids=["head-count-name", "mixture-of-experts"])
+def test_a_family_the_export_cannot_take_fails_in_one_line(tmp_path, capsys, family, says):
+    """Bad input (exit 2), one line naming what failed and where, nothing written: a config whose
+    head count the export cannot read fails before anything is exported, a mixture of experts in
+    the exporter (an operator it has no ONNX function for)."""
+    import re
+
+    ckpt = make_tiny_checkpoint(family, "causal-lm", tmp_path / family)
+    out = tmp_path / "out"
+    assert cli.main(["build", "--model", str(ckpt), "--fp32", "--seq", "1,16,128", "--out", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    err = lines[-1]
+    assert err.startswith("trt-seer: error: ") and re.search(says, err), err
+    assert not [line for line in lines[:-1] if "rror" in line or "Next steps" in line]
+    assert not out.exists() or not any(out.iterdir())
 
 
 @pytest.mark.parametrize("family", FAMILIES)

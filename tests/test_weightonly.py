@@ -381,7 +381,7 @@ def test_a_streaming_build_takes_awq_statistics_from_pytorch_where_it_has_a_devi
     ckpt = make_tiny_checkpoint("llama", "causal-lm", tmp_path / "llama", **WIDE)
     calib = npz_batches(tmp_path / "calib")
     out = tmp_path / "out"
-    assert cli.main(["build", "--model", str(ckpt), "--int4", "--int4-block", "32", "--calib", str(calib),
+    assert cli.main(["build", "--model", str(ckpt), "--int4", "--no-keep-intermediates", "--int4-block", "32", "--calib", str(calib),
                      *PROFILE, "--min-agreement", "0", "--max-ppl-increase", "10", "--out", str(out)]) == 0
     assert devices == ["cpu"]
     report = record(out, "int4")["quantization"]["awq"]

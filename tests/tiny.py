@@ -65,14 +65,20 @@ _FAMILY_KWARGS = {
     "phi": {"partial_rotary_factor": 0.5, **SPECIAL_IDS},
     "phi3": {"num_key_value_heads": 2, **SPECIAL_IDS},
     "gpt_neox": {"rotary_pct": 0.5, **SPECIAL_IDS},
+    "gptj": {"rotary_dim": 4, "n_inner": INTERMEDIATE, **SPECIAL_IDS},  # interleaved, on half of each head
+    "codegen": {"rotary_dim": 4, "n_inner": INTERMEDIATE, **SPECIAL_IDS},  # GPT-J's rotation, fused qkv
     "falcon": {"new_decoder_architecture": True, "num_kv_heads": 2, **SPECIAL_IDS},
     "opt": {"ffn_dim": INTERMEDIATE, "word_embed_proj_dim": HIDDEN, **SPECIAL_IDS},
     "bloom": SPECIAL_IDS,
     "stablelm": {"num_key_value_heads": 2, "partial_rotary_factor": 0.25, **SPECIAL_IDS},
     "starcoder2": {"num_key_value_heads": 2, **SPECIAL_IDS},
+    # decoders the export cannot take: a mixture of experts, and a config with its own head count name
+    "mixtral": {"num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2, **SPECIAL_IDS},
+    "mpt": {"d_model": HIDDEN, "n_layers": LAYERS, "n_heads": HEADS, "max_seq_len": POSITIONS, **SPECIAL_IDS},
 }
 MODEL_TYPES = tuple(_FAMILY_KWARGS)
-_UNUSED = {"distilbert": ("intermediate_size",), "gpt2": ("intermediate_size",), "opt": ("intermediate_size",)}
+_UNUSED = {"distilbert": ("intermediate_size",), "gpt2": ("intermediate_size",), "opt": ("intermediate_size",),
+           "gptj": ("intermediate_size",), "codegen": ("intermediate_size",), "mpt": tuple(set(_COMMON) - {"vocab_size"})}
 
 
 def tiny_config_kwargs(model_type: str) -> dict:

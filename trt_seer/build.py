@@ -39,7 +39,7 @@ class BuildRequest:
     spec: BuildSpec = field(default_factory=BuildSpec)
     quant: QuantStageSpec | None = None
     force: bool = False
-    keep_intermediates: bool = False
+    keep_intermediates: bool | None = None  # decoders; None: keep where no engine runs here
     dry_run: bool = False
     attention: str = "eager"  # causal LMs: "eager" or "chunked" (export/attention.py); encoders: "decomposed"
     prompt_slice: int | None = None  # causal LMs: tokens per prompt slice; None: PROMPT_SLICE if chunked; 0: none
@@ -86,6 +86,10 @@ def build(request: BuildRequest) -> BuildResult:
     chosen = request.chosen()
     check_profile(info, request.spec.profile)
     _check_request(info, request, chosen)
+    if info.task == "causal-lm":
+        from trt_seer.decoder_build import keeping_cpu_forms
+
+        request = keeping_cpu_forms(request)
     if request.spec.prompt_slice:
         log.info("the engine takes prompts over %d tokens in slices of %d, each on the cache of those before it",
                  request.spec.prompt_slice, request.spec.prompt_slice)
@@ -260,6 +264,8 @@ def _cache_hit(request: BuildRequest) -> dict | None:
             return None
         if "decoder" in m and not _sampler_beside(engine, m):
             return None  # a decoder's build ends with its device sampler
+        if "decoder" in m and request.keep_intermediates is None and not _runs_here(engine):
+            return None  # built where engines ran: the graphs ONNX Runtime runs instead are made again
         if "decoder" in m and not _same_network_passes(request, p, m):
             return None
         if "decoder" not in m and p != "fp32" and m.get("graph_form", {}).get("requested") != _encoder_form(request):
@@ -281,6 +287,14 @@ def _encoder_form(request: BuildRequest) -> str:
     from trt_seer.export.engine_form import FORM
 
     return "decomposed" if request.attention == "decomposed" else FORM
+
+
+def _runs_here(engine: Path) -> bool:
+    """A TensorRT runs `engine` here, or ONNX Runtime has the graph it runs in its place."""
+    from trt_seer.runtime import tensorrt_unavailable_reason
+    from trt_seer.runtime.backends import onnx_sibling
+
+    return tensorrt_unavailable_reason() is None or onnx_sibling(engine).is_file()
 
 
 def _sampler_beside(engine: Path, m: dict) -> bool:

@@ -2,7 +2,7 @@
 the FP16 weights, whatever the model's size.
 
     1. FP16 ONNX straight from the checkpoint (no FP32 copy), verified against PyTorch FP16
-    2. FP16 engine
+    2. FP16 engine (1 and 2 where FP16 is chosen: --fp16, and --int8/--int4, which gate against it)
     3. for INT8/INT4: the gate's FP16 reference logits (and AWQ statistics) while the FP16 graph
        is on disk; then its weights are removed (a weightless skeleton stays)
     4. per weight-only precision: the Q/DQ graph, its weights quantized tensor by tensor from the
@@ -12,8 +12,10 @@ the FP16 weights, whatever the model's size.
     6. the device sampler for the engines' logits (export/sampler.py: a few MB, built in seconds)
 
 `keep_intermediates` keeps every graph, and writes the FP32 graph and ONNX Runtime's INT8/INT4
-CPU forms (MatMulNBits, made from the FP32 graph) that the CPU backend runs when no GPU does. Each stage's wall time, peak RSS, bytes written and disk under --out go to
-the log and to the engines' manifests (`build_stages`).
+CPU forms (MatMulNBits, made from the FP32 graph) that the CPU backend runs when no GPU does; it
+is on by default where no engine runs on the building machine (`keeping_cpu_forms`), so that
+`generate` there finds the graphs it runs instead. Each stage's wall time, peak RSS, bytes written
+and disk under --out go to the log and to the engines' manifests (`build_stages`).
 """
 from __future__ import annotations
 
@@ -33,11 +35,12 @@ def plan_decoder(sizes: resources.WeightSizes, chosen: list[str], quant, keep: b
     f16 = sizes.fp16_bytes
     eng = resources.ENGINE_MARGIN
     plan = resources.Plan()
-    plan.add("fp16.onnx", f16)
-    plan.add("fp16.engine", int(f16 * eng))
-    if not keep and {"int8", "int4"} & set(chosen):
+    if "fp16" in chosen:
+        plan.add("fp16.onnx", f16)
+        plan.add("fp16.engine", int(f16 * eng))
+    if "fp16" in chosen and not keep and {"int8", "int4"} & set(chosen):
         plan.add("fp16.onnx weights removed (read back from the checkpoint)", -f16)
-    elif not keep:
+    elif "fp16" in chosen and not keep:
         plan.add("fp16.onnx removed", -f16)
     for bits in (8, 4):
         if f"int{bits}" not in chosen:
@@ -57,32 +60,52 @@ def plan_decoder(sizes: resources.WeightSizes, chosen: list[str], quant, keep: b
         plan.add("fp32.engine", int(2 * f16 * eng))
         if not keep:
             plan.add("fp32.onnx removed", -2 * f16)
-    plan.add("sampler engine (device sampling)", SAMPLER_BYTES)
+    plan.add("sampler engine (device sampling)", SAMPLER_BYTES * (2 if {"fp16", "fp32"} <= set(chosen) else 1))
     # measured peaks (docs/BENCHMARKS.md, decoder builds at scale): the FP16 engine build, where
     # TensorRT-RTX maps the parsed graph's weights and holds its own copies (2.7x the FP16 weights
     # with the process at 7B, 2.9x at 1.1B), plus the FP16 GEMM weights transposed for it
     # (engine/weight_layout.py, about 1x); the export and its lean check hold them about once;
     # --fp32's engine stage (FP32 weights, kept [K, N]) peaks higher still
     plan.ram_bytes = int((6 if "fp32" in chosen else 4) * f16) + (2 << 30)
-    if "fp32" in chosen:
+    if {"fp32", "fp16"} <= set(chosen):
         plan.notes.append("--fp32 exports a second graph with FP32 weights (twice the FP16 bytes)")
     return plan
 
 
+def keeping_cpu_forms(request):
+    """`request` with `keep_intermediates` settled: as given, else (None) on where no engine runs
+    here, said in the log: the graphs ONNX Runtime runs in the engines' place
+    (runtime/backends.onnx_sibling) stay."""
+    from dataclasses import replace
+
+    from trt_seer.runtime import tensorrt_unavailable_reason
+
+    if request.keep_intermediates is not None:
+        return request
+    reason = tensorrt_unavailable_reason()
+    if reason is None:
+        return replace(request, keep_intermediates=False)
+    log.info("no engine runs on this machine (%s): keeping the ONNX graphs that ONNX Runtime runs in the "
+             "engines' place, as --keep-intermediates does", reason)
+    return replace(request, keep_intermediates=True)
+
+
 def build_decoder(info, request, chosen: list[str]) -> tuple[dict, list]:
-    """({precision: engine manifest}, the stages' figures)."""
+    """({precision: engine manifest}, the stages' figures). The FP16 graph and engine only where
+    FP16 is chosen (INT8/INT4 choose it: their gate's reference)."""
     from trt_seer.encoder_build import report
 
     art, keep = Artifacts(request.out, info.name), request.keep_intermediates
     stages = resources.Stages(request.out)
     manifests = {}
-    fp16 = _fp16_graph(info, art, request, stages)
-    manifests["fp16"] = _engine(stages, art, fp16, request.engine_spec("fp16"), request.force)
     todo = [b for b in (8, 4) if f"int{b}" in chosen]
-    if todo:
-        manifests.update(_weight_only(info, art, request, fp16, todo, stages))
-    elif not keep and not fp16.get("removed"):
-        intermediates.remove_graph(art, "fp16")
+    if "fp16" in chosen:
+        fp16 = _fp16_graph(info, art, request, stages)
+        manifests["fp16"] = _engine(stages, art, fp16, request.engine_spec("fp16"), request.force)
+        if todo:
+            manifests.update(_weight_only(info, art, request, fp16, todo, stages))
+        elif not keep and not fp16.get("removed"):
+            intermediates.remove_graph(art, "fp16")
     if "fp32" in chosen:
         fp32 = stages.run("fp32 onnx", pipeline.fp32_onnx, info, art, request.force)
         manifests["fp32"] = _engine(stages, art, fp32, request.engine_spec("fp32"), request.force)
@@ -99,9 +122,10 @@ def build_decoder(info, request, chosen: list[str]) -> tuple[dict, list]:
 
 def _samplers(art: Artifacts, request, manifests: dict, stages) -> None:
     """The device sampler for each logits dtype the decoder engines give (runtime/sampler_trt.py)."""
-    vocab = int(manifests["fp16"]["decoder"]["vocab_size"])
+    first = next(iter(manifests.values()))
+    vocab = int(first["decoder"]["vocab_size"])
     for dtype in sorted({manifest.output_dtype(m, "logits") for m in manifests.values()}):
-        stages.run(f"sampler engine ({dtype})", pipeline.sampler_engine, art, manifests["fp16"]["name"], vocab,
+        stages.run(f"sampler engine ({dtype})", pipeline.sampler_engine, art, first["name"], vocab,
                    dtype, request.engine_spec("fp16"), request.force, request.keep_intermediates)
 
 

@@ -1,6 +1,7 @@
 """`trt-seer build`: checkpoint -> verified ONNX -> FP16 / INT8 ONNX -> TensorRT engines + manifests."""
 from __future__ import annotations
 
+import argparse
 import logging
 
 log = logging.getLogger("trt_seer")
@@ -73,8 +74,10 @@ def add_parser(subparsers, common):
     p.add_argument("--force", action="store_true", help="rebuild every stage even when up to date")
     p.add_argument("--dry-run", action="store_true",
                    help="print what the build would write and remove, and the disk and memory it needs; build nothing")
-    p.add_argument("--keep-intermediates", action="store_true",
-                   help="decoders: keep every ONNX graph (by default each is removed once its engine is built)")
+    p.add_argument("--keep-intermediates", action=argparse.BooleanOptionalAction, default=None,
+                   help="decoders: keep every ONNX graph (default: on where no engine runs on this machine, "
+                        "so that ONNX Runtime runs the graphs instead; elsewhere each is removed once its engine "
+                        "is built)")
     common.add_verbosity(p)
     p.set_defaults(handler=run)
     return p

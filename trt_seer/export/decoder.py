@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_seer.errors import ExportMismatchError
+from trt_seer.errors import ExportMismatchError, UnsupportedError
 from trt_seer.export import onnxio
 from trt_seer.logs import quieted
 from trt_seer.export.tolerance import Tolerance
@@ -145,19 +145,25 @@ def verification_feeds(shape: DecoderShape, where, kv_dtype) -> list[dict]:
     return [sample_feeds(shape, b, s, p, seed=10 + i, kv_dtype=kv_dtype) for i, (b, s, p) in enumerate(where)]
 
 
-def _export(step, shape: DecoderShape, dest: Path, kv_dtype=np.float32, external: bool = False,
+def _export(info: ModelInfo, step, shape: DecoderShape, dest: Path, kv_dtype=np.float32, external: bool = False,
             trace=TRACE_CASE) -> None:
+    """`step` traced at `trace` to `dest`; a model the exporter cannot take is UnsupportedError."""
     import torch
+
+    from trt_seer.export.checkpoint import failure_line
 
     feeds = sample_feeds(shape, *trace, seed=1, kv_dtype=kv_dtype)
     args = tuple(torch.from_numpy(v) for v in feeds.values())
     inputs, _ = decoder_io(shape.num_layers)
     with warnings.catch_warnings(), quieted("torch.onnx"), stacked_rotary(step.model):
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(step, args, input_names=list(inputs),
-                                    output_names=list(exported_outputs(shape.num_layers)),
-                                    dynamic_shapes=_dynamic_shapes(shape), dynamo=True, opset_version=18,
-                                    verbose=False)
+        try:
+            program = torch.onnx.export(step, args, input_names=list(inputs),
+                                        output_names=list(exported_outputs(shape.num_layers)),
+                                        dynamic_shapes=_dynamic_shapes(shape), dynamo=True, opset_version=18,
+                                        verbose=False)
+        except Exception as e:  # torch.export / ONNX translation: any op or form it cannot handle
+            raise UnsupportedError(failure_line(info, "ONNX export", e, type(step.model).__module__)) from e
     large = sum(p.numel() * p.element_size() for p in step.parameters()) > onnxio.EXTERNAL_DATA_THRESHOLD
     with onnxio.staged(dest) as tmp:
         program.save(str(tmp), external_data=large or external)
@@ -241,7 +247,7 @@ def onnx_from_decoder(info: ModelInfo, dest: Path, tol=None) -> dict:
     shape = decoder_shape(info.config)
     step = wrap_decoder(load_decoder(info), shape)
     trace, where = export_cases(info)
-    _export(step, shape, dest, trace=trace)
+    _export(info, step, shape, dest, trace=trace)
     try:
         return verify_decoder(step, shape, dest, info.name, tol, where=where)
     except ExportMismatchError:
@@ -353,7 +359,7 @@ def _torch_side(info: ModelInfo, dest: Path, trace, where) -> tuple[list, list, 
     model = load_decoder(info, "float16")
     params = weights.param_fingerprints(dict(model.named_parameters()))
     step = wrap_decoder(model, shape)
-    _export(step, shape, dest, np.float16, external=True, trace=trace)
+    _export(info, step, shape, dest, np.float16, external=True, trace=trace)
     cases = verification_feeds(shape, where, np.float16)
     refs = [_run_torch(step, f) for f in cases]
     del step, model

@@ -39,13 +39,15 @@ class TaskSpec:
 ENCODER_TASKS = ("feature-extraction", "text-classification")
 DECODER_TASKS = ("causal-lm", "text-classification", "feature-extraction")
 BASE_INPUTS = ("input_ids", "attention_mask")
-# Families verified by the test matrix (tests/test_export.py); any other family transformers
-# builds is attempted the same way. Listed in the README; nothing is refused for missing here.
-TESTED_FAMILIES = (
-    "bert", "electra", "distilbert", "roberta", "xlm-roberta", "mpnet", "deberta-v2", "albert",
-    "camembert", "mobilebert", "ernie", "roformer", "deberta", "modernbert",
-    "gpt2", "llama", "qwen2", "mistral", "qwen3", "gemma", "phi3", "gpt_neox", "opt", "stablelm",
-)
+# Families verified by the test matrices: encoders exported and checked against PyTorch
+# (tests/test_export.py), decoders exported with a KV cache and generating Hugging Face's greedy
+# tokens (tests/test_generate.py). Any other family transformers builds is attempted the same way.
+# Listed in the README; nothing is refused for missing here.
+TESTED_ENCODERS = ("bert", "electra", "distilbert", "roberta", "xlm-roberta", "mpnet", "deberta-v2", "albert",
+                   "camembert", "mobilebert", "ernie", "roformer", "deberta", "modernbert")
+TESTED_DECODERS = ("gpt2", "llama", "qwen2", "mistral", "qwen3", "gemma", "phi3", "gpt_neox", "opt", "stablelm",
+                   "gptj", "codegen", "bloom", "falcon")
+TESTED_FAMILIES = TESTED_ENCODERS + TESTED_DECODERS
 
 TASKS: dict[str, TaskSpec] = {
     "feature-extraction": TaskSpec(
@@ -56,13 +58,22 @@ TASKS: dict[str, TaskSpec] = {
     # logits of the last position only; the KV-cache I/O (decoder_io) follows from the layer count
     "causal-lm": TaskSpec("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", {"logits": {0: "batch"}}),
 }
+def _count(config: dict, names: tuple[str, str], what: str) -> int:
+    """The first of `names` that the config sets; UnsupportedError naming them when it sets neither."""
+    value = config.get(names[0]) or config.get(names[1])
+    if not value:
+        raise UnsupportedError(f"unsupported architecture {config.get('model_type')!r}: its config.json names "
+                               f"its {what} neither {names[0]} nor {names[1]}, which the decoder export reads")
+    return int(value)
+
+
 def num_layers(config: dict) -> int:
-    return int(config.get("num_hidden_layers") or config["n_layer"])
+    return _count(config, ("num_hidden_layers", "n_layer"), "layer count")
 
 
 def attention_heads(config: dict) -> tuple[int, int]:
     """(query heads, key/value heads) of a checkpoint's config."""
-    heads = int(config.get("num_attention_heads") or config["n_head"])
+    heads = _count(config, ("num_attention_heads", "n_head"), "head count")
     return heads, int(config.get("num_key_value_heads") or heads)
 
 
@@ -242,6 +253,9 @@ def resolve_model(model: str | Path | None, task: str | None = None) -> ModelInf
     if task not in tasks:
         raise UnsupportedError(f"task {task!r} is not supported for {model_type}; "
                                f"choose one of: {', '.join(tasks) or '(none)'}")
+    merged = {**config.to_dict(), **raw}
+    if task == "causal-lm":  # the KV cache's shape, read before anything is exported
+        attention_heads(merged), num_layers(merged)
     family = FamilySpec(kind, family_inputs(model_type, task, config), tasks)
     name = DEFAULT_MODEL_NAME if model is None else path.resolve().name
-    return ModelInfo(path, name, model_type, family, task, {**config.to_dict(), **raw})
+    return ModelInfo(path, name, model_type, family, task, merged)
