@@ -218,3 +218,62 @@ def test_default_model_int8_passes_the_gate(tmp_path):
                           "--text", "hello world", "--json"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert len(json.loads(run.stdout)["results"][0]["embedding"]) == 384
+
+
+# --- held-out samples for the gate: a minimum, else the shipped corpus ----------------------------
+
+@pytest.fixture(scope="module")
+def with_tokenizer(tmp_path_factory):
+    from test_finetune import FILLER, save_tokenizer
+
+    d = tmp_path_factory.mktemp("heldout")
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", d / "ckpt")
+    save_tokenizer(ckpt)
+
+    def texts(n):
+        path = d / f"calib{n}.txt"
+        path.write_text("".join(f"{FILLER[i % 24]} {FILLER[(7 * i) % 24]} {FILLER[(3 * i) % 24]}\n" for i in range(n)))
+        return path
+    return ckpt, texts
+
+
+@pytest.mark.parametrize("lines", [3, 50])
+def test_too_few_heldout_samples_fall_back_to_the_shipped_corpus(with_tokenizer, lines, caplog):
+    from trt_seer.export.families import ShapeProfile, resolve_model
+    from trt_seer.quantize.spec import QuantStageSpec
+
+    ckpt, texts = with_tokenizer
+    path = texts(lines)
+    quant = QuantStageSpec(out=path.parent, calib=str(path), calib_batch=1)
+    with caplog.at_level(logging.WARNING, "trt_seer"):
+        cd = int8.load_calib_data(resolve_model(ckpt), quant, ShapeProfile((1, 4, 16), (8, 12, 16)), calibrates=False)
+    assert cd.heldout_data == int8.SHIPPED_HELDOUT and cd.heldout_samples == int8.HELDOUT_SAMPLES
+    assert cd.calib == []  # weight-only: nothing calibrates, so nothing is tokenized for it
+    assert (f"{path} gives {lines // int8.HELDOUT_EVERY} held-out sample" in caplog.text
+            and f"fewer than the {int8.MIN_HELDOUT_SAMPLES}" in caplog.text)
+
+
+def test_enough_heldout_samples_of_the_users_file_are_used(with_tokenizer, caplog):
+    from trt_seer.export.families import ShapeProfile, resolve_model
+    from trt_seer.quantize.spec import QuantStageSpec
+
+    ckpt, texts = with_tokenizer
+    path = texts(int8.MIN_HELDOUT_SAMPLES * int8.HELDOUT_EVERY)
+    quant = QuantStageSpec(out=path.parent, calib=str(path), calib_batch=4, int8_mode="w8a8")
+    with caplog.at_level(logging.WARNING, "trt_seer"):
+        cd = int8.load_calib_data(resolve_model(ckpt), quant, ShapeProfile((1, 4, 16), (8, 12, 16)))
+    assert cd.heldout_data == str(path) and cd.heldout_samples == int8.MIN_HELDOUT_SAMPLES
+    assert cd.calib and "held-out sample" not in caplog.text
+
+
+@needs_trt
+@pytest.mark.slow
+def test_three_line_calibration_file_builds_and_records_the_heldout_count(with_tokenizer, tmp_path):
+    ckpt, texts = with_tokenizer
+    r = build("--model", str(ckpt), "--int8", "--calib", str(texts(3)), "--calib-batch", "1", *TINY_PROFILE,
+              "--out", str(tmp_path / "out"))
+    gate = json.loads((tmp_path / "out" / "ckpt.int8.onnx.json").read_text())["accuracy"]["gate"]
+    assert gate["heldout"] == {"samples": int8.HELDOUT_SAMPLES, "data": int8.SHIPPED_HELDOUT,
+                               "minimum": int8.MIN_HELDOUT_SAMPLES}
+    assert f"INT8 accuracy vs FP32 on {int8.HELDOUT_SAMPLES} held-out samples ({int8.SHIPPED_HELDOUT})" in r.stderr
+    assert "gives 0 held-out samples, fewer than" in r.stderr and "calibration samples" not in r.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,6 +69,41 @@ def atomic_path(dest: Path):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+@contextmanager
+def staging_dir(dest: Path):
+    """Yields a hidden temp dir beside `dest` where a stage writes `dest`'s artifact under its own
+    file name (an ONNX graph's external-data file keeps the name the graph refers to); the dir and
+    whatever is left in it are removed on exit, Ctrl-C included."""
+    dest = Path(dest)
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    try:
+        yield tmpdir
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)  # only our own temp dir; an error here hides nothing
+
+
+def artifact_parts(path: Path) -> tuple[Path, Path]:
+    """An artifact's files: the artifact and, for an ONNX graph, its external data `<file>.data`."""
+    return Path(path), Path(str(path) + ".data")
+
+
+def publish(staged: Path, dest: Path, write_record) -> None:
+    """Moves a finished artifact from its staging dir to `dest` with its record, in the one order
+    that never shows an artifact without its record: the old artifact goes first, then
+    `write_record()` writes the new record (atomically), then the artifact is renamed in, its
+    external data before it. An interruption in between leaves at most a record without its
+    artifact, which every reader treats as nothing built."""
+    for part in artifact_parts(dest):  # the graph before its data: never a graph without data
+        part.unlink(missing_ok=True)
+    fsync_dir(Path(dest).parent)
+    write_record()
+    for src, dst in reversed(list(zip(artifact_parts(staged), artifact_parts(dest)))):
+        if src.exists():
+            fsync_file(src)
+            os.replace(src, dst)
+    fsync_dir(Path(dest).parent)
 
 
 def fsync_file(path: Path) -> None:
