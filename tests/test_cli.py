@@ -171,3 +171,30 @@ def test_a_cuda_failure_has_its_own_documented_exit_code():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert re.search(rf"^\| {code} \| a resource failed at run time: a CUDA error", readme, re.MULTILINE)
     assert f"  {code}    a resource failed at run time" in run_cli("--help").stdout
+
+
+def test_out_that_is_a_file_is_named_not_a_directory(tmp_path):
+    (tmp_path / "engines").write_text("a file")
+    r = run_cli("build", "--out", str(tmp_path / "engines"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        f"trt-seer: error: output directory {tmp_path / 'engines'} is not a directory (a file of that name exists); "
+        "choose another --out")
+
+
+def test_a_forced_flavor_that_is_missing_names_its_own_extra(monkeypatch):
+    from trt_seer.engine import trt
+    from trt_seer.errors import DependencyError
+
+    monkeypatch.setenv("TRT_SEER_TENSORRT", "tensorrt")
+    trt.load.cache_clear()
+    try:
+        import tensorrt  # noqa: F401
+        pytest.skip("full TensorRT is installed here")
+    except ImportError:
+        pass
+    try:
+        with pytest.raises(DependencyError, match=r"pip install 'trt-seer\[tensorrt\]' \(full TensorRT\)") as e:
+            trt.load()
+        assert "[rtx]" not in str(e.value)
+    finally:
+        trt.load.cache_clear()

@@ -29,8 +29,7 @@ def check_out_dir(path: Path) -> None:
     """InputError unless `path` is, or can be created as, a writable directory; creates nothing."""
     path = Path(path).absolute()
     if path.exists():
-        if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-            raise InputError(f"output directory is not writable: {path}")
+        _check_existing_dir(path)
         return
     parent = path.parent
     while not parent.exists():
@@ -43,13 +42,23 @@ def check_out_dir(path: Path) -> None:
 def ensure_out_dir(path: Path) -> Path:
     """Creates `path` if needed and checks it is writable; InputError otherwise."""
     path = Path(path)
+    if path.exists():
+        _check_existing_dir(path)
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"cannot create output directory {path}: {e.strerror}") from e
-    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-        raise InputError(f"output directory is not writable: {path}")
+    _check_existing_dir(path)
     return path
+
+
+def _check_existing_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise InputError(f"output directory {path} is not a directory (a file of that name exists); "
+                         "choose another --out")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(f"output directory is not writable: {path}")
 
 
 @contextmanager

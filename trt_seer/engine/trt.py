@@ -83,8 +83,16 @@ def load(prefer: str | None = None) -> Flavor:
             return _import(name)
         except ImportError as e:
             errors.append(f"{name}: {e}")
-    raise DependencyError("no TensorRT runtime importable (" + "; ".join(errors) + "); "
-                          "pip install 'trt-seer[rtx]' (TensorRT-RTX) or 'trt-seer[tensorrt]'")
+    raise DependencyError("no TensorRT runtime importable (" + "; ".join(errors) + "); " + _install_hint(prefer))
+
+
+INSTALL_HINTS = {"tensorrt": "pip install 'trt-seer[tensorrt]' (full TensorRT), or unset TRT_SEER_TENSORRT",
+                 "tensorrt_rtx": "pip install 'trt-seer[rtx]' (TensorRT-RTX), or unset TRT_SEER_TENSORRT"}
+
+
+def _install_hint(prefer: str | None) -> str:
+    """What to install: the flavor TRT_SEER_TENSORRT (or the caller) asked for, else either."""
+    return INSTALL_HINTS.get(prefer or "", "pip install 'trt-seer[rtx]' (TensorRT-RTX) or 'trt-seer[tensorrt]'")
 
 
 def available() -> bool:
@@ -116,12 +124,22 @@ def logger(flavor: Flavor, verbose: bool = False):
         def log(self, sev, msg):
             if sev <= severity.ERROR:
                 self.errors.append(msg)
-            if self.cancelled() or "BuildCanceled" in msg:  # Ctrl-C: the CLI says "interrupted"
-                out.debug("[TensorRT] %s: %s", sev.name, msg)
+            if self.cancelled() or "BuildCanceled" in msg or (sev == severity.WARNING and known_harmless(msg)):
+                out.debug("[TensorRT] %s: %s", sev.name, msg)  # Ctrl-C: the CLI says "interrupted"
             elif sev <= threshold:
                 out.log(levels.get(sev, logging.DEBUG), "[TensorRT] %s: %s", sev.name, msg)
 
     return _Logger()
+
+
+# Builder warnings every build of ours gets, about nothing the user can or should change: the
+# parser's reminder that token-id inputs are int64 (they are, by design: runtime/io.py feeds int64).
+HARMLESS_WARNINGS = ("has Int64 binding",)
+
+
+def known_harmless(message: str) -> bool:
+    """Whether a TensorRT warning is one of HARMLESS_WARNINGS (said at DEBUG instead)."""
+    return any(text in message for text in HARMLESS_WARNINGS)
 
 
 def strongly_typed_network(flavor: Flavor, builder):
