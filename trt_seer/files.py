@@ -136,6 +136,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def follow_umask(folder: Path) -> None:
+    """Gives the files in `folder` the mode any new file gets (0644 under the usual umask): some
+    writers (transformers' model.safetensors) stage through mkstemp and leave 0600."""
+    mode = 0o666 & ~_umask()
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
