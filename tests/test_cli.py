@@ -198,3 +198,38 @@ def test_a_forced_flavor_that_is_missing_names_its_own_extra(monkeypatch):
         assert "[rtx]" not in str(e.value)
     finally:
         trt.load.cache_clear()
+
+
+def test_dry_run_names_the_model_above_its_plan(tmp_path):
+    from tiny import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "mini")
+    r = run_cli("build", "--model", str(ckpt), "--int8", "--seq", "8,16,16", "--dry-run", "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"plan for mini (fp16, int8) from {ckpt} into {tmp_path / 'o'}:"
+    assert "int8.engine" in r.stdout and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("given, artifact, record", [
+    ("e/m.fp16.engine", "e/m.fp16.engine", "e/m.fp16.manifest.json"),
+    ("e/m.fp16.manifest.json", "e/m.fp16.engine", "e/m.fp16.manifest.json"),
+    ("e/m.int8.cpu.onnx", "e/m.int8.cpu.onnx", "e/m.int8.cpu.onnx.json"),
+    ("e/m.fp32.onnx.json", "e/m.fp32.onnx", "e/m.fp32.onnx.json"),
+])
+def test_one_resolver_takes_either_name_of_an_artifact(given, artifact, record):
+    from trt_seer.cli.common import artifact_paths
+
+    paths = artifact_paths(given)
+    assert (str(paths.artifact), str(paths.record), paths.engine) == (artifact, record, given.endswith("json")
+                                                                      and "manifest" in given or given.endswith("engine"))
+
+
+def test_run_and_diff_take_an_engine_by_either_name(tmp_path):
+    """Both read the engine's manifest first: a missing one is named, whichever name was given."""
+    for args, said in ((["run", str(tmp_path / "m.fp16.manifest.json"), "--text", "hi"],
+                        f"engine not found: {tmp_path / 'm.fp16.engine'}"),
+                       (["diff", str(tmp_path / "m.fp16.engine")],
+                        f"manifest not found: {tmp_path / 'm.fp16.manifest.json'}")):
+        r = run_cli(*args)
+        assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == f"trt-seer: error: {said}", r.stderr
