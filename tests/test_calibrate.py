@@ -153,10 +153,16 @@ def test_spec_validation():
 # --- against NVIDIA ModelOpt on identical histograms -------------------------------------------
 
 def _modelopt_histogram_module():
+    """ModelOpt's histogram calibrator; a skip names the real import error (a missing dependency of
+    ModelOpt reads otherwise like ModelOpt itself missing)."""
+    import importlib
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return pytest.importorskip("modelopt.torch.quantization.calib.histogram",
-                                   reason="nvidia-modelopt not installed (pip install 'trt-seer[test]')")
+        try:
+            return importlib.import_module("modelopt.torch.quantization.calib.histogram")
+        except ImportError as e:
+            pytest.skip(f"nvidia-modelopt not importable ({type(e).__name__}: {e}); pip install 'trt-seer[test]'")
 
 
 def _reference_histograms():

@@ -194,3 +194,65 @@ def test_build_without_tensorrt_says_in_one_line_what_to_install(tiny_checkpoint
     assert_one_line_error(r, "is not installed", install, "for ONNX alone: trt-seer export")
     assert "No module named" not in r.stderr  # absence is not news; a broken install would be
     assert not (tmp_path / "o").exists()
+
+
+def test_out_that_is_a_file_is_named_not_a_directory(tmp_path):
+    (tmp_path / "engines").write_text("a file")
+    r = run_cli("build", "--out", str(tmp_path / "engines"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        f"trt-seer: error: output directory {tmp_path / 'engines'} is not a directory (a file of that name exists); "
+        "choose another --out")
+
+
+def test_a_forced_flavor_that_is_missing_names_its_own_extra(monkeypatch):
+    from trt_seer.engine import trt
+    from trt_seer.errors import DependencyError
+
+    monkeypatch.setenv("TRT_SEER_TENSORRT", "tensorrt")
+    trt.load.cache_clear()
+    try:
+        import tensorrt  # noqa: F401
+        pytest.skip("full TensorRT is installed here")
+    except ImportError:
+        pass
+    try:
+        with pytest.raises(DependencyError, match=r'pip install "trt-seer\[tensorrt\]"') as e:
+            trt.load()
+        assert "[rtx]" not in str(e.value)
+    finally:
+        trt.load.cache_clear()
+
+
+def test_dry_run_names_the_model_above_its_plan(tmp_path):
+    from tiny import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", tmp_path / "mini")
+    r = run_cli("build", "--model", str(ckpt), "--int8", "--seq", "8,16,16", "--dry-run", "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"plan for mini (fp16, int8) from {ckpt} into {tmp_path / 'o'}:"
+    assert "int8.engine" in r.stdout and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("given, artifact, record", [
+    ("e/m.fp16.engine", "e/m.fp16.engine", "e/m.fp16.manifest.json"),
+    ("e/m.fp16.manifest.json", "e/m.fp16.engine", "e/m.fp16.manifest.json"),
+    ("e/m.int8.cpu.onnx", "e/m.int8.cpu.onnx", "e/m.int8.cpu.onnx.json"),
+    ("e/m.fp32.onnx.json", "e/m.fp32.onnx", "e/m.fp32.onnx.json"),
+])
+def test_one_resolver_takes_either_name_of_an_artifact(given, artifact, record):
+    from trt_seer.cli.common import artifact_paths
+
+    paths = artifact_paths(given)
+    assert (str(paths.artifact), str(paths.record), paths.engine) == (artifact, record, given.endswith("json")
+                                                                      and "manifest" in given or given.endswith("engine"))
+
+
+def test_run_and_diff_take_an_engine_by_either_name(tmp_path):
+    """Both read the engine's manifest first: a missing one is named, whichever name was given."""
+    for args, said in ((["run", str(tmp_path / "m.fp16.manifest.json"), "--text", "hi"],
+                        f"engine not found: {tmp_path / 'm.fp16.engine'}"),
+                       (["diff", str(tmp_path / "m.fp16.engine")],
+                        f"manifest not found: {tmp_path / 'm.fp16.manifest.json'}")):
+        r = run_cli(*args)
+        assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == f"trt-seer: error: {said}", r.stderr

@@ -135,9 +135,12 @@ def test_diff_plans_the_cpu_form_beside_an_engine(tmp_path):
     target = plan.Target(tmp_path / "m.int8.manifest.json", "engine", "m", "int8", None, {})
     assert plan._cpu_fallback_side(target) is None  # none written: nothing extra to compare
     (tmp_path / "m.int8.cpu.onnx").write_bytes(b"")
+    assert plan._cpu_fallback_side(target) is None  # without its record: an interrupted build's, absent
+    (tmp_path / "m.int8.cpu.onnx.json").write_text("{}")
     side = plan._cpu_fallback_side(target)
     assert (side.label, side.precision, side.path.name) == ("onnxrt-int8-cpu", "int8", "m.int8.cpu.onnx")
     (tmp_path / "m.fp32.cpu.onnx").write_bytes(b"")
+    (tmp_path / "m.fp32.cpu.onnx.json").write_text("{}")
     fp16 = plan.Target(tmp_path / "m.fp16.manifest.json", "engine", "m", "fp16", None, {})
     assert plan._cpu_fallback_side(fp16).label == "onnxrt-fp32-cpu"  # what the runtime runs instead
     t = plan.resolve_target(tmp_path / "m.int8.cpu.onnx")

@@ -3,6 +3,7 @@ gloo processes, the output checkpoint, metrics and bad input; and --task causal-
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -615,3 +616,30 @@ def test_diverged_training_fails_and_writes_no_checkpoint(lm):
         finetune(spec)
     assert e.value.exit_code == 1
     assert not (lm / "lm-diverged" / "config.json").exists()
+
+
+def test_checkpoint_files_follow_the_umask(trained):
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in trained.iterdir() if p.is_file()}
+    assert modes["model.safetensors"] == oct(0o666 & ~mask), modes  # transformers stages it as 0600
+    assert set(modes.values()) == {oct(0o666 & ~mask)}, modes
+
+
+def test_progress_is_logged_where_no_bar_is_drawn(tmp_path, monkeypatch, caplog):
+    from trt_seer.finetune import monitor
+
+    monkeypatch.setattr(monitor, "PROGRESS_EVERY_S", 0.0)
+    reporter = monitor.Reporter(tmp_path)
+    with caplog.at_level(logging.INFO, "trt_seer.finetune"), reporter.bar(3, "epoch 1") as bar:
+        assert bar.disable  # pytest's stderr is no terminal: tqdm draws nothing
+        for loss in (0.9, 0.7, 0.5):
+            reporter.tick(bar, loss)
+    assert [r.getMessage() for r in caplog.records] == ["epoch 1: step 1 of 3, loss 0.9000",
+                                                        "epoch 1: step 2 of 3, loss 0.7000",
+                                                        "epoch 1: step 3 of 3, loss 0.5000"]
+    quiet = monitor.Reporter(None)  # ranks other than 0 say nothing
+    caplog.clear()
+    with quiet.bar(1, "epoch 1") as bar:
+        quiet.tick(bar, 0.1)
+    assert caplog.records == []

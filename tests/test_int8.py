@@ -40,7 +40,7 @@ def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("int8")
     # large initial weights give the activation outliers that make INT8 lossy, as in real checkpoints
     ckpt = make_tiny_checkpoint("bert", "feature-extraction", d / "ckpt", initializer_range=1.0)
-    return ckpt, npz_batches(d / "calib"), d
+    return ckpt, npz_batches(d / "calib", n=80), d  # every 5th batch held out: 64 samples, the gate's minimum
 
 
 TINY_PROFILE = ("--batch", "1,4,4", "--seq", "8,12,16")
@@ -50,7 +50,7 @@ TINY_PROFILE = ("--batch", "1,4,4", "--seq", "8,12,16")
 def test_fallback_keeps_sensitive_layers_in_fp16(tiny, tmp_path):
     ckpt, calib, _ = tiny
     r = build("--model", str(ckpt), "--int8", "--int8-mode", "w8a8", "--calib", str(calib), *TINY_PROFILE,
-              "--min-cosine", "0.9995", "--min-cosine-each", "0.999", "--out", str(tmp_path / "out"),
+              "--min-cosine", "0.9995", "--min-cosine-each", "0.995", "--out", str(tmp_path / "out"),
               "--calib-cache", str(tmp_path / "c.cache"))
     assert "measuring per-layer sensitivity" in r.stderr and "most sensitive" in r.stderr
     rec = json.loads((tmp_path / "out" / "ckpt.int8.onnx.json").read_text())
@@ -78,7 +78,7 @@ def test_gate_that_only_fp16_passes_fails_unless_allowed(tiny, tmp_path):
     FP16 engine, so build exits 1 with the table; --allow-no-int8 accepts it, loudly, and says so."""
     ckpt, calib, _ = tiny
     args = ("--model", str(ckpt), "--int8", "--int8-mode", "w8a8", "--calib", str(calib), *TINY_PROFILE,
-            "--min-cosine", "0.99999", "--min-cosine-each", "0.9999", "--out", str(tmp_path / "out"),
+            "--min-cosine", "0.99995", "--min-cosine-each", "0.9998", "--out", str(tmp_path / "out"),
             "--calib-cache", str(tmp_path / "c.cache"))
     r = build(*args, expect=1)
     assert "trt-seer: error: no GEMM remains INT8 (0 of " in r.stderr and "most sensitive" in r.stderr
@@ -178,8 +178,10 @@ def test_missing_text_field(tmp_path):
 
 
 def test_fewer_samples_than_a_batch(tmp_path):
+    """Only W8A8 calibrates (weight-only INT8, the default, reads no calibration batch)."""
     (tmp_path / "s.txt").write_text("one\ntwo\nthree\n")
-    bad(tmp_path, ["--calib", str(tmp_path / "s.txt"), "--calib-batch", "8"], "fewer than one batch")
+    bad(tmp_path, ["--calib", str(tmp_path / "s.txt"), "--calib-batch", "8", "--int8-mode", "w8a8"],
+        "has 3 calibration samples (after the held-out split), fewer than one batch (8)")
 
 
 def test_malformed_seed_cache(tmp_path):
@@ -218,3 +220,63 @@ def test_default_model_int8_passes_the_gate(tmp_path):
                           "--text", "hello world", "--json"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert len(json.loads(run.stdout)["results"][0]["embedding"]) == 384
+
+
+# --- held-out samples for the gate: a minimum, else the shipped corpus ----------------------------
+
+@pytest.fixture(scope="module")
+def with_tokenizer(tmp_path_factory):
+    from test_finetune import FILLER, save_tokenizer
+
+    d = tmp_path_factory.mktemp("heldout")
+    ckpt = make_tiny_checkpoint("bert", "feature-extraction", d / "ckpt")
+    save_tokenizer(ckpt)
+
+    def texts(n):
+        path = d / f"calib{n}.txt"
+        path.write_text("".join(f"{FILLER[i % 24]} {FILLER[(7 * i) % 24]} {FILLER[(3 * i) % 24]}\n" for i in range(n)))
+        return path
+    return ckpt, texts
+
+
+@pytest.mark.parametrize("lines", [3, 50])
+def test_too_few_heldout_samples_fall_back_to_the_shipped_corpus(with_tokenizer, lines, caplog):
+    from trt_seer.export.families import ShapeProfile, resolve_model
+    from trt_seer.quantize.spec import QuantStageSpec
+
+    ckpt, texts = with_tokenizer
+    path = texts(lines)
+    quant = QuantStageSpec(out=path.parent, calib=str(path), calib_batch=1)
+    with caplog.at_level(logging.WARNING, "trt_seer"):
+        cd = int8.load_calib_data(resolve_model(ckpt), quant, ShapeProfile((1, 4, 16), (8, 12, 16)), calibrates=False)
+    assert cd.heldout_data == int8.SHIPPED_HELDOUT and cd.heldout_samples == int8.HELDOUT_SAMPLES
+    assert cd.calib == []  # weight-only: nothing calibrates, so nothing is tokenized for it
+    assert (f"{path} gives {lines // int8.HELDOUT_EVERY} held-out sample" in caplog.text
+            and f"fewer than the {int8.MIN_HELDOUT_SAMPLES}" in caplog.text)
+
+
+def test_enough_heldout_samples_of_the_users_file_are_used(with_tokenizer, caplog):
+    from trt_seer.export.families import ShapeProfile, resolve_model
+    from trt_seer.quantize.spec import QuantStageSpec
+
+    ckpt, texts = with_tokenizer
+    path = texts(int8.MIN_HELDOUT_SAMPLES * int8.HELDOUT_EVERY)
+    quant = QuantStageSpec(out=path.parent, calib=str(path), calib_batch=4, int8_mode="w8a8")
+    with caplog.at_level(logging.WARNING, "trt_seer"):
+        cd = int8.load_calib_data(resolve_model(ckpt), quant, ShapeProfile((1, 4, 16), (8, 12, 16)))
+    assert cd.heldout_data == str(path) and cd.heldout_samples == int8.MIN_HELDOUT_SAMPLES
+    assert cd.calib and "held-out sample" not in caplog.text
+
+
+@needs_trt
+@pytest.mark.slow
+def test_three_line_calibration_file_builds_and_records_the_heldout_count(with_tokenizer, tmp_path):
+    ckpt, texts = with_tokenizer
+    r = build("--model", str(ckpt), "--int8", "--calib", str(texts(3)), "--calib-batch", "1", *TINY_PROFILE,
+              "--out", str(tmp_path / "out"))
+    gate = json.loads((tmp_path / "out" / "ckpt.int8.onnx.json").read_text())["accuracy"]["gate"]
+    assert gate["heldout"] == {"samples": int8.HELDOUT_SAMPLES, "data": int8.SHIPPED_HELDOUT,
+                               "minimum": int8.MIN_HELDOUT_SAMPLES}
+    assert f"INT8 accuracy vs FP32 on {int8.HELDOUT_SAMPLES} held-out samples ({int8.SHIPPED_HELDOUT})" in r.stderr
+    assert "gives 0 held-out samples, fewer than" in r.stderr and "calibration samples" not in r.stderr
+    assert "symbolic shape inference" not in r.stderr and "Int64 binding" not in r.stderr  # at DEBUG (-v)

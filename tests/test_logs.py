@@ -50,3 +50,27 @@ def test_quieted_root_drops_direct_root_calls_only(kept):
         logging.getLogger("trt_seer.test").warning("ours")
     assert kept == [("trt_seer.test", "WARNING", "ours")]
     assert logging.getLogger().level == logging.DEBUG
+
+
+def test_quieted_can_say_dropped_records_at_debug_instead(kept):
+    ours = logging.getLogger("trt_seer.test_debug")
+    with quieted("chattylib", debug_to=ours):
+        logging.getLogger("chattylib").warning("symbolic shape inference disabled or failed.")
+        logging.getLogger("chattylib").error("a real error")
+    assert kept == [("trt_seer.test_debug", "DEBUG", "chattylib: symbolic shape inference disabled or failed."),
+                    ("chattylib", "ERROR", "a real error")]
+
+
+def test_tensorrt_int64_binding_reminders_go_to_debug(kept):
+    from trt_seer.engine import trt
+
+    if not trt.available():
+        pytest.skip("no TensorRT flavor importable")
+    flavor = trt.load()
+    severity = flavor.trt.ILogger.Severity
+    adapter = trt.logger(flavor)
+    adapter.log(severity.WARNING, "ModelImporter.cpp:1071: Make sure input input_ids has Int64 binding.")
+    adapter.log(severity.WARNING, "some other warning")
+    assert kept == [("trt_seer.tensorrt", "DEBUG",
+                     "[TensorRT] WARNING: ModelImporter.cpp:1071: Make sure input input_ids has Int64 binding."),
+                    ("trt_seer.tensorrt", "WARNING", "[TensorRT] WARNING: some other warning")]

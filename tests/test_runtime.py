@@ -683,6 +683,8 @@ def test_int8_fallback_prefers_the_cpu_int8_graph(tmp_path):
     (tmp_path / "x.int8.onnx").write_bytes(b"")
     assert onnx_sibling(tmp_path / "x.int8.engine").name == "x.int8.onnx"
     (tmp_path / "x.int8.cpu.onnx").write_bytes(b"")
+    assert onnx_sibling(tmp_path / "x.int8.engine").name == "x.int8.onnx"  # without its record: absent
+    (tmp_path / "x.int8.cpu.onnx.json").write_text("{}")
     assert onnx_sibling(tmp_path / "x.int8.engine").name == "x.int8.cpu.onnx"
     assert onnx_sibling(tmp_path / "x.fp16.engine").name == "x.fp16.onnx"
     assert onnx_sibling(tmp_path / "x.fp32.engine").name == "x.fp32.onnx"
@@ -690,6 +692,7 @@ def test_int8_fallback_prefers_the_cpu_int8_graph(tmp_path):
 
 def test_cpu_fallback_prefers_the_fused_fp32_graph(tmp_path):
     (tmp_path / "x.fp32.cpu.onnx").write_bytes(b"")
+    (tmp_path / "x.fp32.cpu.onnx.json").write_text("{}")
     assert onnx_sibling(tmp_path / "x.fp32.engine").name == "x.fp32.cpu.onnx"
     assert onnx_sibling(tmp_path / "x.fp16.engine").name == "x.fp32.cpu.onnx"  # faster there than the FP16-typed graph
     assert onnx_sibling(tmp_path / "x.int8.engine").name == "x.int8.onnx"  # INT8 without its CPU form

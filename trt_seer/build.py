@@ -66,6 +66,7 @@ class BuildResult:
     plan: object = None  # resources.Plan, None on a cache hit
     stages: list = field(default_factory=list)  # resources.StageMeter records
     up_to_date: bool = False
+    heading: str = ""  # "plan for <model> (<precisions>) into <out>:", above the plan
 
 
 def build(request: BuildRequest) -> BuildResult:
@@ -97,10 +98,11 @@ def build(request: BuildRequest) -> BuildResult:
         log.info("chunked attention: TensorRT workspace limit %d MiB, room for a prompt step of %d x %d tokens",
                  request.spec.workspace_mb, request.spec.profile.batch[2], request.spec.profile.seq[2])
     plan = plan_for(info, request, chosen)
+    heading = f"plan for {info.name} ({', '.join(chosen)}) from {info.path} into {request.out}:"
     if request.dry_run:
-        return BuildResult(plan=plan)
+        return BuildResult(plan=plan, heading=heading)
     resources.check_room(plan, request.out, already=_existing_bytes(request.out, info.name))
-    log.info("plan for %s (%s):\n%s", info.name, ", ".join(chosen), plan.describe())
+    log.info("%s\n%s", heading, plan.describe())
     out = ensure_out_dir(request.out)
     if info.task == "causal-lm":
         from trt_seer.decoder_build import build_decoder as run

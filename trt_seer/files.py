@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,8 +29,7 @@ def check_out_dir(path: Path) -> None:
     """InputError unless `path` is, or can be created as, a writable directory; creates nothing."""
     path = Path(path).absolute()
     if path.exists():
-        if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-            raise InputError(f"output directory is not writable: {path}")
+        _check_existing_dir(path)
         return
     parent = path.parent
     while not parent.exists():
@@ -42,13 +42,23 @@ def check_out_dir(path: Path) -> None:
 def ensure_out_dir(path: Path) -> Path:
     """Creates `path` if needed and checks it is writable; InputError otherwise."""
     path = Path(path)
+    if path.exists():
+        _check_existing_dir(path)
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"cannot create output directory {path}: {e.strerror}") from e
-    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-        raise InputError(f"output directory is not writable: {path}")
+    _check_existing_dir(path)
     return path
+
+
+def _check_existing_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise InputError(f"output directory {path} is not a directory (a file of that name exists); "
+                         "choose another --out")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(f"output directory is not writable: {path}")
 
 
 @contextmanager
@@ -70,6 +80,41 @@ def atomic_path(dest: Path):
             os.unlink(tmp)
 
 
+@contextmanager
+def staging_dir(dest: Path):
+    """Yields a hidden temp dir beside `dest` where a stage writes `dest`'s artifact under its own
+    file name (an ONNX graph's external-data file keeps the name the graph refers to); the dir and
+    whatever is left in it are removed on exit, Ctrl-C included."""
+    dest = Path(dest)
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    try:
+        yield tmpdir
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)  # only our own temp dir; an error here hides nothing
+
+
+def artifact_parts(path: Path) -> tuple[Path, Path]:
+    """An artifact's files: the artifact and, for an ONNX graph, its external data `<file>.data`."""
+    return Path(path), Path(str(path) + ".data")
+
+
+def publish(staged: Path, dest: Path, write_record) -> None:
+    """Moves a finished artifact from its staging dir to `dest` with its record, in the one order
+    that never shows an artifact without its record: the old artifact goes first, then
+    `write_record()` writes the new record (atomically), then the artifact is renamed in, its
+    external data before it. An interruption in between leaves at most a record without its
+    artifact, which every reader treats as nothing built."""
+    for part in artifact_parts(dest):  # the graph before its data: never a graph without data
+        part.unlink(missing_ok=True)
+    fsync_dir(Path(dest).parent)
+    write_record()
+    for src, dst in reversed(list(zip(artifact_parts(staged), artifact_parts(dest)))):
+        if src.exists():
+            fsync_file(src)
+            os.replace(src, dst)
+    fsync_dir(Path(dest).parent)
+
+
 def fsync_file(path: Path) -> None:
     """Flushes a file written by path (e.g. by a library) to disk."""
     fd = os.open(path, os.O_RDONLY)
@@ -89,6 +134,15 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def follow_umask(folder: Path) -> None:
+    """Gives the files in `folder` the mode any new file gets (0644 under the usual umask): some
+    writers (transformers' model.safetensors) stage through mkstemp and leave 0600."""
+    mode = 0o666 & ~_umask()
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
 
 
 def _umask() -> int:

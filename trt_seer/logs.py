@@ -33,6 +33,22 @@ class _Below(logging.Filter):
         return record.levelno >= self.level or not any(_from(record.name, n) for n in self.names)
 
 
+class _ToDebug(_Below):
+    """Like _Below, but each dropped record is said once at DEBUG on logger `to` (seen with -v)."""
+
+    def __init__(self, names: tuple, level: int, to: logging.Logger):
+        super().__init__(names, level)
+        self.to, self.said = to, set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if super().filter(record):
+            return True
+        if id(record) not in self.said:  # the filter sits on loggers and handlers: one line per record
+            self.said.add(id(record))
+            self.to.debug("%s: %s", record.name, record.getMessage())
+        return False
+
+
 def _targets(name: str | None) -> list:
     """The logger `name`, its children now, and the handlers its records reach."""
     logger = logging.getLogger(name)
@@ -48,9 +64,10 @@ def _targets(name: str | None) -> list:
 
 
 @contextlib.contextmanager
-def quieted(*names: str | None, below: int = logging.ERROR):
-    """Drops records under `below` from the loggers `names` (None: the root logger) in the block."""
-    drop = _Below(names, below)
+def quieted(*names: str | None, below: int = logging.ERROR, debug_to: logging.Logger | None = None):
+    """Drops records under `below` from the loggers `names` (None: the root logger) in the block;
+    with `debug_to`, each is said there at DEBUG instead (`-v` shows it)."""
+    drop = _Below(names, below) if debug_to is None else _ToDebug(names, below, debug_to)
     targets = list({id(t): t for name in names for t in _targets(name)}.values())
     for target in targets:
         target.addFilter(drop)

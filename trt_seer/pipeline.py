@@ -11,8 +11,9 @@ from trt_seer.engine import manifest
 from trt_seer.export import onnxio
 from trt_seer.export.families import ModelInfo
 from trt_seer.files import sha256_json
-from trt_seer.records import (Artifacts, checkpoint_fingerprint, inherit, source_identity,  # noqa: F401
-                              token_limits, up_to_date, write_record)
+from trt_seer.files import staging_dir
+from trt_seer.records import (Artifacts, checkpoint_fingerprint, inherit, publish_record,  # noqa: F401
+                              source_identity, token_limits, up_to_date, write_record)
 
 log = logging.getLogger(__name__)
 def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
@@ -31,16 +32,18 @@ def fp32_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> dict:
     from trt_seer.export.checkpoint import onnx_from_checkpoint
 
     log.info("exporting %s (%s, %s) to ONNX ...", info.name, info.model_type, info.task)
-    report = onnx_from_checkpoint(info, dest)
-    log.info("export verified against PyTorch: %s", _fmt_verification(report))
-    record = {"kind": "onnx", "precision": "fp32", "key": key, "name": info.name, "task": info.task,
-              "model_type": info.model_type, "source": source, "limits": token_limits(info),
-              "io": onnxio.describe_io(onnxio.load(dest, False)), "verification": report}
-    if is_decoder(info):
-        from trt_seer.export.decoder import decoder_section
+    with staging_dir(dest) as work:
+        staged = work / dest.name
+        report = onnx_from_checkpoint(info, staged)
+        log.info("export verified against PyTorch: %s", _fmt_verification(report))
+        record = {"kind": "onnx", "precision": "fp32", "key": key, "name": info.name, "task": info.task,
+                  "model_type": info.model_type, "source": source, "limits": token_limits(info),
+                  "io": onnxio.describe_io(onnxio.load(staged, False)), "verification": report}
+        if is_decoder(info):
+            from trt_seer.export.decoder import decoder_section
 
-        record["decoder"] = decoder_section(info, dest)
-    return write_record(dest, record)
+            record["decoder"] = decoder_section(info, dest)
+        return publish_record(staged, dest, record)
 
 
 def decoder_form(info: ModelInfo) -> dict:
@@ -77,20 +80,23 @@ def fp32_cpu_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = Fal
     from trt_seer.export.cpu import cpu_onnx_from_fp32
 
     log.info("fusing the FP32 graph for ONNX Runtime's CPU kernels ...")
-    try:
-        report = cpu_onnx_from_fp32(info, art.path("fp32.onnx"), dest)
-    except UnsupportedError as e:
-        log.warning("warning: no %s: %s", dest.name, e)
-        return None
-    log.info("fused %s; verified against %s: %s", ", ".join(f"{n} {k}" for k, n in report["fused_ops"].items()),
-             art.path("fp32.onnx").name, _fmt_verification(report["verification"]))
-    from trt_seer.eval.evaluate import accuracy_entry, compare_onnx, eval_batches
+    with staging_dir(dest) as work:
+        staged = work / dest.name
+        try:
+            report = cpu_onnx_from_fp32(info, art.path("fp32.onnx"), staged)
+        except UnsupportedError as e:
+            log.warning("warning: no %s: %s", dest.name, e)
+            return None
+        log.info("fused %s; verified against %s: %s", ", ".join(f"{n} {k}" for k, n in report["fused_ops"].items()),
+                 art.path("fp32.onnx").name, _fmt_verification(report["verification"]))
+        from trt_seer.eval.evaluate import accuracy_entry, compare_onnx, eval_batches
 
-    accuracy = compare_onnx(info, art.path("fp32.onnx"), dest, eval_batches(info))
-    log.info("fused vs plain FP32 (ONNX Runtime, held-out data): %s", _fmt_metrics(accuracy))
-    return write_record(dest, {**inherit(fp32), "precision": "fp32", "form": "onnxruntime CPU (fused)", "key": key,
-                               "fp32_sha256": fp32["sha256"], **report,
-                               "accuracy": {"onnx_vs_fp32": accuracy_entry(accuracy, dest, art.path("fp32.onnx"))}})
+        accuracy = compare_onnx(info, art.path("fp32.onnx"), staged, eval_batches(info))
+        log.info("fused vs plain FP32 (ONNX Runtime, held-out data): %s", _fmt_metrics(accuracy))
+        return publish_record(staged, dest, {
+            **inherit(fp32), "precision": "fp32", "form": "onnxruntime CPU (fused)", "key": key,
+            "fp32_sha256": fp32["sha256"], **report,
+            "accuracy": {"onnx_vs_fp32": accuracy_entry(accuracy, dest, art.path("fp32.onnx"))}})
 
 
 def _fmt_verification(report: dict) -> str:
@@ -100,8 +106,6 @@ def _fmt_verification(report: dict) -> str:
 def fp16_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = False) -> dict:
     """Stage 2: the FP16-typed ONNX, with its accuracy against FP32 on held-out data. An encoder's is
     written from its fused-attention form (export/engine_form.py) where that applies."""
-    import tempfile
-
     from trt_seer.export.precision import KEEP_FP32_OPS, Fp16Spec
 
     src, dest = art.path("fp32.onnx"), art.path("fp16.onnx")
@@ -115,16 +119,17 @@ def fp16_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = False) 
     from trt_seer.eval.evaluate import accuracy_entry
     from trt_seer.export.precision import fp16_from_onnx
 
-    with tempfile.TemporaryDirectory(prefix=".fp16-", dir=art.out) as work:
-        graph, form, spec = _graph_form(info, src, Path(work), spec)
+    with staging_dir(dest) as work:
+        graph, form, spec = _graph_form(info, src, work, spec)
         log.info("converting to an FP16-typed graph ...")
-        fp16_from_onnx(graph, dest, spec)
-    accuracy = _fp16_accuracy(info, src, dest)
-    log.info("fp16 vs fp32 (ONNX Runtime, held-out data): %s", _fmt_metrics(accuracy))
-    extra = {"decoder": {**fp32["decoder"], "kv_dtype": "float16"}} if "decoder" in fp32 else {}
-    return write_record(dest, {**inherit(fp32), "precision": "fp16", "key": key, **extra, **form,
-                               "io": onnxio.describe_io(onnxio.load(dest, False)),
-                               "fp32_sha256": fp32["sha256"], "accuracy": {"onnx_vs_fp32": accuracy_entry(accuracy, dest, src)}})
+        staged = fp16_from_onnx(graph, work / dest.name, spec)
+        accuracy = _fp16_accuracy(info, src, staged)
+        log.info("fp16 vs fp32 (ONNX Runtime, held-out data): %s", _fmt_metrics(accuracy))
+        extra = {"decoder": {**fp32["decoder"], "kv_dtype": "float16"}} if "decoder" in fp32 else {}
+        return publish_record(staged, dest, {
+            **inherit(fp32), "precision": "fp16", "key": key, **extra, **form,
+            "io": onnxio.describe_io(onnxio.load(staged, False)),
+            "fp32_sha256": fp32["sha256"], "accuracy": {"onnx_vs_fp32": accuracy_entry(accuracy, dest, src)}})
 
 
 def _form_key(info: ModelInfo) -> dict:
@@ -236,7 +241,7 @@ def fp16_decoder_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> d
     """Stage 1 of a decoder: the FP16 graph exported straight from the checkpoint (no FP32 copy of
     the weights), verified against PyTorch FP16, with the map from its weights to the checkpoint's
     tensors (`weights_from_checkpoint`) that lets later stages drop its weights and read them back."""
-    from trt_seer.export.decoder import decoder_section, fp16_onnx_from_decoder
+    from trt_seer.export.decoder import fp16_onnx_from_decoder
 
     dest = art.path("fp16.onnx")
     known = manifest.read_if_exists(manifest.record_path(dest)) or {}
@@ -247,18 +252,27 @@ def fp16_decoder_onnx(info: ModelInfo, art: Artifacts, force: bool = False) -> d
         log.info("fp16 ONNX up to date: %s", dest)
         return record
     log.info("exporting %s (%s, causal-lm) to FP16 ONNX with a KV cache ...", info.name, info.model_type)
-    report, wmap = fp16_onnx_from_decoder(info, dest)
-    log.info("export verified against PyTorch FP16: %s", _fmt_verification(report))
-    return write_record(dest, {"kind": "onnx", "precision": "fp16", "key": key, "name": info.name, "task": info.task,
-                               "model_type": info.model_type, "source": source, "limits": token_limits(info),
-                               "export": "float16 from the checkpoint",
-                               "io": onnxio.describe_io(onnxio.load(dest, False)), "verification": report,
-                               "decoder": decoder_section(info, dest, kv_dtype="float16"),
-                               "accuracy": {"onnx_vs_pytorch_fp16": {
-                                   **{f"{k}_max_abs_diff": v["max_abs_diff"] for k, v in report["outputs"].items()},
-                                   "cases": report["cases"], "measured_on": {"artifact": dest.name, "backend": "onnxruntime CPU"},
-                                   "reference_measured_on": {"artifact": Path(info.path).name, "backend": "PyTorch float16 CPU"}}},
-                               "weights_from_checkpoint": wmap})
+    with staging_dir(dest) as work:
+        staged = work / dest.name
+        report, wmap = fp16_onnx_from_decoder(info, staged)
+        log.info("export verified against PyTorch FP16: %s", _fmt_verification(report))
+        return publish_record(staged, dest, _fp16_decoder_record(info, dest, staged, key, source, report, wmap))
+
+
+def _fp16_decoder_record(info: ModelInfo, dest: Path, staged: Path, key: str, source: dict, report: dict,
+                         wmap: dict) -> dict:
+    from trt_seer.export.decoder import decoder_section
+
+    outputs = {f"{k}_max_abs_diff": v["max_abs_diff"] for k, v in report["outputs"].items()}
+    return {"kind": "onnx", "precision": "fp16", "key": key, "name": info.name, "task": info.task,
+            "model_type": info.model_type, "source": source, "limits": token_limits(info),
+            "export": "float16 from the checkpoint",
+            "io": onnxio.describe_io(onnxio.load(staged, False)), "verification": report,
+            "decoder": decoder_section(info, dest, kv_dtype="float16"),  # copies the tokenizer beside dest
+            "accuracy": {"onnx_vs_pytorch_fp16": {
+                **outputs, "cases": report["cases"], "measured_on": {"artifact": dest.name, "backend": "onnxruntime CPU"},
+                "reference_measured_on": {"artifact": Path(info.path).name, "backend": "PyTorch float16 CPU"}}},
+            "weights_from_checkpoint": wmap}
 
 
 def sampler_engine(art: Artifacts, name: str, vocab: int, logits_dtype: str, spec, force: bool = False,
@@ -278,17 +292,16 @@ def sampler_engine(art: Artifacts, name: str, vocab: int, logits_dtype: str, spe
 
     spec = replace(spec, precision="sampler", max_total=None, prompt_slice=None,
                    profile=ShapeProfile(spec.profile.batch, (1, 1, 1)))
-    onnx_path = sampler.sampler_onnx(art.path(f"sampler.{logits_dtype}.onnx"), vocab, logits_dtype)
-    engine_path = art.path(f"sampler.{logits_dtype}.engine")
-    sha = onnxio.sha256(onnx_path)
-    current = None if force else up_to_date(engine_path, manifest.engine_manifest_path(engine_path),
-                                             cache_key(sha, spec, trt_adapter.load()))
-    if not current:
-        log.info("building the device sampler (%s logits) ...", logits_dtype)
-        about = {"vocab": int(vocab), "logits_dtype": logits_dtype, "draws": DRAWS, "thresholds": sampler.THRESHOLDS,
-                 "passes": sampler.PASSES}
-        current = engine_from_onnx(onnx_path, engine_path, spec, onnx_sha=sha,
-                                   extra={"name": name, "task": "next-token-sampler", "sampler": about})
-    if not keep:
-        onnx_path.unlink()
+    graph, engine_path = art.path(f"sampler.{logits_dtype}.onnx"), art.path(f"sampler.{logits_dtype}.engine")
+    with staging_dir(graph) as work:  # the graph reaches --out only when kept
+        onnx_path = sampler.sampler_onnx((graph.parent if keep else work) / graph.name, vocab, logits_dtype)
+        sha = onnxio.sha256(onnx_path)
+        current = None if force else up_to_date(engine_path, manifest.engine_manifest_path(engine_path),
+                                                 cache_key(sha, spec, trt_adapter.load()))
+        if not current:
+            log.info("building the device sampler (%s logits) ...", logits_dtype)
+            about = {"vocab": int(vocab), "logits_dtype": logits_dtype, "draws": DRAWS,
+                     "thresholds": sampler.THRESHOLDS, "passes": sampler.PASSES}
+            current = engine_from_onnx(onnx_path, engine_path, spec, onnx_sha=sha,
+                                       extra={"name": name, "task": "next-token-sampler", "sampler": about})
     return current

@@ -9,7 +9,7 @@ from pathlib import Path
 from trt_seer.engine import manifest
 from trt_seer.errors import InputError
 from trt_seer.export import onnxio
-from trt_seer.files import sha256_file, sha256_json
+from trt_seer.files import publish, sha256_file, sha256_json
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -81,6 +81,20 @@ def up_to_date(artifact: Path, record_file: Path, key: str) -> dict | None:
     if file_sha(artifact, known) != known.get("sha256"):
         return None
     return record
+
+
+def present(artifact: Path) -> bool:
+    """Whether `artifact` is there with its record beside it: an artifact without its record (left
+    by an interrupted older build, or copied alone) counts as absent."""
+    return Path(artifact).is_file() and manifest.record_path(artifact).is_file()
+
+
+def publish_record(staged: Path, dest: Path, record: dict) -> dict:
+    """Publishes the artifact written at `staged` (in files.staging_dir) as `dest`, with `record`
+    (its hash and stat added) beside it; neither appears without the other (files.publish)."""
+    record = {**record, "sha256": onnxio.sha256(staged), "stat": stat_of(staged)}
+    publish(staged, dest, lambda: manifest.write(manifest.record_path(dest), record))
+    return manifest.read(manifest.record_path(dest))
 
 
 def write_record(artifact: Path, record: dict) -> dict:

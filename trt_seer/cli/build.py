@@ -117,5 +117,6 @@ def run(args) -> int:
 
     result = build(request_from_args(args))
     if args.dry_run:
+        print(result.heading)
         print(result.plan.describe())
     return 0

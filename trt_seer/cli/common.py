@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from trt_seer.errors import InputError
@@ -78,6 +79,32 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
 
 def add_output_args(p: argparse.ArgumentParser, default: str = "engines") -> None:
     p.add_argument("--out", metavar="DIR", default=default, help=f"output directory (default: {default}/)")
+
+
+@dataclass(frozen=True)
+class ArtifactPaths:
+    """An artifact named by either of its files: the engine or its manifest, the .onnx or its record."""
+
+    artifact: Path  # <name>.<precision>.engine | <name>.<precision>[.cpu].onnx
+    record: Path  # <name>.<precision>.manifest.json | <name>.<precision>[.cpu].onnx.json
+    engine: bool
+
+
+def artifact_paths(text: str | Path) -> ArtifactPaths:
+    """Both names of the artifact `text` names (one resolver for run, diff and triton's argument);
+    InputError for a name that is neither."""
+    path = Path(text)
+    name = path.name
+    if name.endswith(".manifest.json"):
+        return ArtifactPaths(path.with_name(name.removesuffix(".manifest.json") + ".engine"), path, True)
+    if name.endswith(".engine"):
+        return ArtifactPaths(path, path.with_name(name.removesuffix(".engine") + ".manifest.json"), True)
+    if name.endswith(".onnx.json"):
+        return ArtifactPaths(path.with_name(name.removesuffix(".json")), path, False)
+    if name.endswith(".onnx"):
+        return ArtifactPaths(path, path.with_name(name + ".json"), False)
+    raise InputError(f"{path}: expected an engine (.engine, or its .manifest.json) or an ONNX artifact "
+                     "(.onnx, or its .onnx.json record)")
 
 
 # What each command's report.json holds, to tell whose report a --report directory already has.

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from trt_seer.cli import common
+
 log = logging.getLogger("trt_seer")
 
 EPILOG = """tolerances (elementwise, per output; VALUE alone applies to every output):
@@ -31,7 +33,7 @@ def add_parser(subparsers, common):
                               description=__doc__, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("artifact", metavar="ARTIFACT",
-                   help="engine manifest (<name>.<prec>.manifest.json), ONNX record "
+                   help="engine (<name>.<prec>.engine) or its manifest (<name>.<prec>.manifest.json), ONNX record "
                         "(<name>.<prec>[.cpu].onnx.json) or .onnx file; the other artifacts are found beside it by name")
     p.add_argument("--against", default=None, metavar="{fp32,pytorch,fp16}",
                    help="reference (default: pytorch for an FP32 ONNX, else the FP32 ONNX)")
@@ -77,8 +79,6 @@ def check_inputs(target, spec, report: str | None) -> None:
         if path.is_file():
             onnxio.check_readable(path)
     if report:
-        from trt_seer.cli import common
-
         common.check_report_dir(report, "diff")
         ensure_out_dir(Path(report))
 
@@ -87,7 +87,8 @@ def run(args) -> int:
     from trt_seer.eval import diff
 
     spec = spec_from_args(args)  # malformed options fail before any slow work
-    target = diff.resolve_target(Path(args.artifact))
+    paths = common.artifact_paths(args.artifact)  # an engine is read through its manifest
+    target = diff.resolve_target(paths.record if paths.engine else Path(args.artifact))
     check_inputs(target, spec, args.report)
     result = diff.diff(target, spec)
     print(diff.format_table(result))

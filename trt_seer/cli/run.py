@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trt_seer.cli import common
 from trt_seer.errors import InputError, UnsupportedError
 
 log = logging.getLogger("trt_seer")
@@ -23,7 +24,8 @@ LONG_RUN = 10_000  # texts: a progress bar even where stderr is not a terminal
 def add_parser(subparsers, common):
     p = subparsers.add_parser("run", help="run an engine or ONNX artifact on text", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("artifact", metavar="ENGINE_OR_ONNX", help="<name>.<precision>.engine or .onnx")
+    p.add_argument("artifact", metavar="ENGINE_OR_ONNX",
+                   help="<name>.<precision>.engine or .onnx, or its manifest / record (.manifest.json, .onnx.json)")
     p.add_argument("--text", action="append", default=[], help="a text to run (repeatable)")
     p.add_argument("--file", metavar="PATH", help="texts, one per line")
     p.add_argument("--json", action="store_true", help="print one JSON document (full vectors)")
@@ -75,7 +77,7 @@ def run(args) -> int:
     opts = {"time_gpu": True, **({"threads": args.threads} if args.threads else {})}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
-        model = load(args.artifact, backend=args.backend, **opts)
+        model = load(common.artifact_paths(args.artifact).artifact, backend=args.backend, **opts)
     for w in caught:  # the fallback to ONNX Runtime, as one log line
         log.warning("warning: %s", w.message)
     with model:

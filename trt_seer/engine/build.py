@@ -20,7 +20,7 @@ from trt_seer.export import onnxio
 from trt_seer.engine import trt as trt_adapter
 from trt_seer.errors import BuildError
 from trt_seer.export.families import ShapeProfile
-from trt_seer.files import atomic_path, atomic_write_bytes, sha256_file, sha256_json
+from trt_seer.files import atomic_path, atomic_write_bytes, publish, sha256_file, sha256_json, staging_dir
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +193,22 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
     kept, fused = gemm_fusion.fuse_shared_input_gemms(flavor, network, gemms)  # read until serialized
     nk_gemms = len(gemms)
     del gemms  # the folded GEMMs' own [N, K] arrays go
+    with staging_dir(engine_path) as work:
+        staged = work / Path(engine_path).name
+        data = _build_staged(flavor, builder, network, trt_logger, spec, timing_cache, Path(onnx_path), staged)
+        data["build"] = {"key": cache_key(onnx_sha, spec, flavor, decoder), **data["build"],
+                         **({"gemm_weights_nk": nk_gemms, "gemms_fused": fused} if decoder else {}),
+                         **({"attention_layers": attentions, "attention_pass": attention.ATTENTION_PASS}
+                            if attentions else {})}
+        del kept
+        data = {**data, "onnx": {"file": Path(onnx_path).name, "sha256": onnx_sha}, **(extra or {})}
+        publish(staged, engine_path, lambda: manifest.write(manifest.engine_manifest_path(engine_path), data))
+    return manifest.read(manifest.engine_manifest_path(engine_path))
+
+
+def _build_staged(flavor, builder, network, trt_logger, spec: BuildSpec, timing_cache: Path | None, onnx_path: Path,
+                  engine_path: Path) -> dict:
+    """Builds the engine into `engine_path` (a staging path) and returns its manifest's own sections."""
     with sigint_flag() as interrupted:
         trt_logger.cancelled = interrupted.is_set
         config, targets, _monitor = _config(flavor, builder, network, spec, timing_cache, interrupted.is_set)
@@ -204,26 +220,19 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
             why = trt_logger.errors[-1].splitlines()[0] if trt_logger.errors else "run with -v for the builder log"
             raise BuildError(f"TensorRT failed to build {Path(onnx_path).name}: {why}")
 
-        _serialize(flavor, builder, network, config, Path(engine_path), failed)
+        _serialize(flavor, builder, network, config, engine_path, failed)
         seconds = time.perf_counter() - start
-    del kept
     if timing_cache is not None and flavor.has_timing_cache:
         atomic_write_bytes(timing_cache, bytes(memoryview(config.get_timing_cache().serialize())))
-    data = {
+    st = engine_path.stat()
+    return {
         "precision": spec.precision,
-        "engine": {"file": Path(engine_path).name, "sha256": sha256_file(engine_path),
-                   "size_bytes": Path(engine_path).stat().st_size,
-                   "stat": [Path(engine_path).stat().st_size, Path(engine_path).stat().st_mtime_ns]},
-        "onnx": {"file": Path(onnx_path).name, "sha256": onnx_sha},
+        "engine": {"file": engine_path.name, "sha256": sha256_file(engine_path), "size_bytes": st.st_size,
+                   "stat": [st.st_size, st.st_mtime_ns]},
         "tensorrt": flavor.describe(), "targets": targets, "build_gpu": trt_adapter.build_gpu(),
         "profiles": [spec.profile.to_dict()], "io": _io(flavor, network),
         "optimization_profiles": profiles.describe(network_profiles(network, spec)),
-        "build": {"key": cache_key(onnx_sha, spec, flavor, decoder), "settings": spec.settings(),
-                  **({"gemm_weights_nk": nk_gemms, "gemms_fused": fused} if decoder else {}),
-                  **({"attention_layers": attentions, "attention_pass": attention.ATTENTION_PASS} if attentions else {}),
-                  "seconds": round(seconds, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "build": {"settings": spec.settings(), "seconds": round(seconds, 3),
+                  "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "timing_cache": str(timing_cache.name) if timing_cache and flavor.has_timing_cache else None},
-        **(extra or {}),
     }
-    manifest.write(manifest.engine_manifest_path(engine_path), data)
-    return manifest.read(manifest.engine_manifest_path(engine_path))

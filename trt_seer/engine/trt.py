@@ -134,12 +134,22 @@ def logger(flavor: Flavor, verbose: bool = False):
         def log(self, sev, msg):
             if sev <= severity.ERROR:
                 self.errors.append(msg)
-            if self.cancelled() or "BuildCanceled" in msg:  # Ctrl-C: the CLI says "interrupted"
-                out.debug("[TensorRT] %s: %s", sev.name, msg)
+            if self.cancelled() or "BuildCanceled" in msg or (sev == severity.WARNING and known_harmless(msg)):
+                out.debug("[TensorRT] %s: %s", sev.name, msg)  # Ctrl-C: the CLI says "interrupted"
             elif sev <= threshold:
                 out.log(levels.get(sev, logging.DEBUG), "[TensorRT] %s: %s", sev.name, msg)
 
     return _Logger()
+
+
+# Builder warnings every build of ours gets, about nothing the user can or should change: the
+# parser's reminder that token-id inputs are int64 (they are, by design: runtime/io.py feeds int64).
+HARMLESS_WARNINGS = ("has Int64 binding",)
+
+
+def known_harmless(message: str) -> bool:
+    """Whether a TensorRT warning is one of HARMLESS_WARNINGS (said at DEBUG instead)."""
+    return any(text in message for text in HARMLESS_WARNINGS)
 
 
 def strongly_typed_network(flavor: Flavor, builder):

@@ -112,10 +112,20 @@ def _ort_optimizer(model, info: ModelInfo):
         return model
     said = io.StringIO()
     try:
-        with quieted(None), contextlib.redirect_stdout(said):  # it logs on the root logger and prints
+        # it logs on the root logger and its modules' own, and prints; its fusions' expected fallbacks
+        # ("symbolic shape inference disabled or failed.") go to DEBUG, errors stay
+        with quieted(None, *_ort_transformers_loggers(), debug_to=log), contextlib.redirect_stdout(said):
             return optimize_by_fusion(model, model_type=model_type, num_heads=0, hidden_size=0).model
     finally:
         log.debug("onnxruntime.transformers.optimizer: %s", said.getvalue().strip())
+
+
+def _ort_transformers_loggers() -> tuple[str, ...]:
+    """The loggers of ONNX Runtime's transformer optimizer: its folder goes on sys.path and its
+    modules log under their bare names (`fusion_skiplayernorm`, `onnx_model`, ...)."""
+    import onnxruntime.transformers as ort_transformers
+
+    return ("onnxruntime", *sorted(p.stem for p in Path(ort_transformers.__file__).parent.glob("*.py")))
 
 
 def verify_against(info: ModelInfo, ref_path: Path, cand_path: Path, tol: Tolerance = Tolerance()) -> dict:

@@ -17,7 +17,7 @@ from pathlib import Path
 from trt_seer import __version__
 from trt_seer.errors import InputError, UnsupportedError
 from trt_seer.export.families import ModelInfo, max_positions, resolve_model
-from trt_seer.files import atomic_write_json
+from trt_seer.files import atomic_write_json, follow_umask
 from trt_seer.logs import quieted
 
 TRAINING_FILE = "training.json"
@@ -163,6 +163,7 @@ def save(module, tokenizer, dest: Path) -> None:
     """A standard Hugging Face checkpoint: model.safetensors, config.json, tokenizer files."""
     module.save_pretrained(str(dest))
     tokenizer.save_pretrained(str(dest))
+    follow_umask(dest)  # model.safetensors comes out 0600
 
 
 def hardware(ctx) -> dict:

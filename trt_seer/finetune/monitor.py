@@ -19,11 +19,13 @@ import json
 import logging
 import resource
 import sys
+import time
 from pathlib import Path
 
 log = logging.getLogger("trt_seer.finetune")
 
 METRICS_FILE = "metrics.jsonl"
+PROGRESS_EVERY_S = 30.0  # a progress line this often where no bar is drawn (stderr not a terminal)
 PLOT_FILE = "curves.png"
 
 
@@ -33,13 +35,28 @@ class Reporter:
 
     def __init__(self, folder: Path | None):
         self.path = None if folder is None else Path(folder) / METRICS_FILE
+        self._progress = None  # [desc, steps done, total, last line's time] of the open bar
 
     def bar(self, total: int, desc: str):
-        """A tqdm bar (hidden when stderr is not a terminal or on ranks other than 0)."""
+        """A tqdm bar (hidden when stderr is not a terminal or on ranks other than 0); where it is
+        hidden on rank 0, `tick` says the progress in a log line every PROGRESS_EVERY_S seconds."""
         from tqdm.auto import tqdm
 
+        self._progress = [desc, 0, total, time.monotonic()]
         return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False,
                     disable=True if self.path is None else None, dynamic_ncols=True)
+
+    def tick(self, bar, loss: float) -> None:
+        """One step done: the bar moves, or (no bar drawn) a line is logged now and then."""
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+        if self._progress is None:
+            return
+        self._progress[1] += 1
+        desc, done, total, last = self._progress
+        if self.path is not None and bar.disable and time.monotonic() - last >= PROGRESS_EVERY_S:
+            self._progress[3] = time.monotonic()
+            log.info("%s: step %d of %d, loss %.4f", desc, done, total, loss)
 
     def record(self, row: dict) -> None:
         if self.path is not None:

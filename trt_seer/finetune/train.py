@@ -259,8 +259,7 @@ def _finish_step(tr: Trainer, reporter: Reporter, run: Epoch, step: int, example
                      "tokens": int(tokens), "elapsed_s": time.perf_counter() - run.start,
                      "grad_norm": norm if math.isfinite(norm) else None,
                      "lr": lr, "loss_scale": scale, "skipped": skipped})
-    bar.update(1)
-    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+    reporter.tick(bar, loss)
 
 
 def _synchronize(ctx: Context) -> None:

@@ -19,7 +19,7 @@ from trt_seer.engine import manifest
 from trt_seer.export import onnxio
 from trt_seer.errors import AccuracyGateError, InputError
 from trt_seer.export.families import ModelInfo, ShapeProfile
-from trt_seer.files import ensure_out_dir, sha256_file, sha256_json
+from trt_seer.files import ensure_out_dir, sha256_file, sha256_json, staging_dir
 from trt_seer.eval.gate import Gate, fallback, rank_by_added_error, table as gate_table
 from trt_seer.quantize import qat_ranges
 from trt_seer.quantize.spec import QuantStageSpec
@@ -27,6 +27,10 @@ from trt_seer.quantize.spec import QuantStageSpec
 log = logging.getLogger(__name__)
 HELDOUT_EVERY = 5  # user data: every 5th sample is held out for the gate
 HELDOUT_SAMPLES = 160
+# Fewer held-out samples than this make the gate's min cosine too lenient (10 passed a CPU form
+# that 160 fail): the shipped held-out corpus is used instead of the user's few.
+MIN_HELDOUT_SAMPLES = 64
+SHIPPED_HELDOUT = "calib/heldout.txt"
 CPU_INT8_FORM = "onnxruntime dynamic INT8 (per-channel S8 weights, U8 activations) on the fused CPU graph"
 CPU_INT8_OPS = ("MatMul", "Attention")  # fused Attention becomes QAttention (INT8 QKV projection)
 
@@ -37,7 +41,12 @@ class CalibData:
 
     calib: list
     heldout: list
+    heldout_data: str = SHIPPED_HELDOUT  # where the held-out samples came from
     _reference: list | None = None
+
+    @property
+    def heldout_samples(self) -> int:
+        return sum(len(b["input_ids"]) for b in self.heldout)
 
     def reference(self, fp32_path: Path) -> list:
         """FP32 outputs on the held-out feeds, computed once for every gate evaluation."""
@@ -68,29 +77,61 @@ def split_heldout(items: list) -> tuple[list, list]:
     return [x for i, x in enumerate(items) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1], held
 
 
-def _text_data(info: ModelInfo, quant: QuantStageSpec, profile: ShapeProfile) -> CalibData:
+def _text_data(info: ModelInfo, quant: QuantStageSpec, profile: ShapeProfile, calibrates: bool) -> CalibData:
     if quant.calib is None:
         src, held = data.default_corpus("default"), data.default_corpus("heldout")
         texts, held_texts = data.load_texts(src), data.load_texts(held)
     else:
         texts, held_texts = split_heldout(data.load_texts(Path(quant.calib), quant.text_field))
-    texts = texts[:quant.calib_samples]
-    if len(texts) < quant.calib_batch:
-        raise InputError(f"{len(texts)} calibration samples are fewer than one batch ({quant.calib_batch}); "
+    calib = []
+    if calibrates:  # weight-only INT8 reads no calibration data: no batch to fill
+        texts = texts[:quant.calib_samples]
+        check_calib_count(len(texts), quant.calib_batch, "calibration data")
+        calib = list(data.token_batches(info, texts, profile, quant.calib_batch))
+    heldout = list(data.token_batches(info, held_texts[:HELDOUT_SAMPLES], profile, 16)) if held_texts else []
+    return CalibData(calib, heldout, str(quant.calib) if quant.calib is not None else SHIPPED_HELDOUT)
+
+
+def check_calib_count(usable: int, batch: int, what: str) -> None:
+    """InputError when calibration has fewer samples than one batch."""
+    if usable < batch:
+        count = f"{usable} calibration sample{'' if usable == 1 else 's'}"
+        raise InputError(f"{what} has {count} (after the held-out split), fewer than one batch ({batch}); "
                          "pass more data or a smaller --calib-batch")
-    calib = list(data.token_batches(info, texts, profile, quant.calib_batch))
-    heldout = list(data.token_batches(info, held_texts[:HELDOUT_SAMPLES], profile, 16))
-    return CalibData(calib, heldout)
 
 
-def load_calib_data(info: ModelInfo, quant: QuantStageSpec, profile: ShapeProfile) -> CalibData:
+def load_calib_data(info: ModelInfo, quant: QuantStageSpec, profile: ShapeProfile,
+                    calibrates: bool = True) -> CalibData:
+    """Calibration batches (only when `calibrates`) and at least MIN_HELDOUT_SAMPLES held-out
+    samples for the gate: the user's held-out share, else the shipped held-out corpus."""
     if quant.calib is not None and Path(quant.calib).is_dir():
         batches = _npz_batches(Path(quant.calib))
         calib, held = split_heldout(batches)
-        return CalibData(calib or batches, held or batches[-1:])
-    if quant.calib is not None and not Path(quant.calib).exists():
+        cd = CalibData(calib or batches, held, str(quant.calib))
+    elif quant.calib is not None and not Path(quant.calib).exists():
         raise InputError(f"calibration data not found: {quant.calib}")
-    return _text_data(info, quant, profile)
+    else:
+        cd = _text_data(info, quant, profile, calibrates)
+    return _enough_heldout(info, cd, profile)
+
+
+def _enough_heldout(info: ModelInfo, cd: CalibData, profile: ShapeProfile) -> CalibData:
+    """`cd`, its held-out samples replaced by the shipped corpus's (random token ids for a model
+    without a tokenizer) when it has fewer than MIN_HELDOUT_SAMPLES, said in the log."""
+    given = cd.heldout_samples
+    if given >= MIN_HELDOUT_SAMPLES:
+        return cd
+    if data.has_tokenizer(info):
+        texts = data.load_texts(data.default_corpus("heldout"))[:HELDOUT_SAMPLES]
+        held, source = list(data.token_batches(info, texts, profile, 16)), SHIPPED_HELDOUT
+    else:
+        from trt_seer.eval.evaluate import EvalSpec, eval_batches
+
+        held, source = eval_batches(info, EvalSpec(samples=HELDOUT_SAMPLES)), "random token ids (no tokenizer)"
+    log.warning("warning: %s gives %d held-out sample%s, fewer than the %d the accuracy check needs: it runs "
+                "on %s instead (%d samples)", cd.heldout_data, given, "" if given == 1 else "s",
+                MIN_HELDOUT_SAMPLES, source, sum(len(b["input_ids"]) for b in held))
+    return CalibData(cd.calib, held, source)
 
 
 def cache_path(info: ModelInfo, quant: QuantStageSpec) -> Path:
@@ -175,9 +216,8 @@ def check_spec(quant: QuantStageSpec) -> None:
         _npz_batches(src)
     elif src is not None:
         usable = len(split_heldout(data.load_texts(src, quant.text_field))[0])
-        if min(usable, quant.calib_samples) < quant.calib_batch:
-            raise InputError(f"{src} has {usable} calibration samples (after the held-out split), fewer than "
-                             f"one batch ({quant.calib_batch}); pass more data or a smaller --calib-batch")
+        if resolve_mode(quant) == "w8a8":  # weight-only INT8 calibrates nothing
+            check_calib_count(min(usable, quant.calib_samples), quant.calib_batch, str(src))
     if quant.from_cache:
         calibrate.read_cache(Path(quant.from_cache))
         if resolve_mode(quant) == "weight-only":
@@ -249,9 +289,9 @@ def int8_onnx(info: ModelInfo, art: records.Artifacts, fp32: dict, fp16: dict, q
         _log_counts(record["quantization"]["int8_gemms"])
         check_int8_left(record["quantization"]["int8_gemms"], quant.allow_no_int8)
         return record
-    with tempfile.TemporaryDirectory(prefix=".int8-", dir=art.out) as work:
+    with tempfile.TemporaryDirectory(prefix=".int8-", dir=art.out) as work:  # both INT8 graphs are staged here
         extra = _calibrate_and_gate(info, art, quant, gate, Path(work))
-    return write_int8_record(dest, fp32, fp16, key, extra)
+        return write_int8_record(Path(work) / dest.name, dest, fp32, fp16, key, extra)
 
 
 def _log_counts(counts: dict) -> None:
@@ -278,12 +318,12 @@ def _calibrate_and_gate(info: ModelInfo, art: records.Artifacts, quant: QuantSta
     from trt_seer.eval import evaluate
     from trt_seer.quantize import qdq as quantize
 
-    fp32_path, dest = art.path("fp32.onnx"), art.path("int8.onnx")
-    cd = load_calib_data(info, quant, ShapeProfile(tuple(quant.batch), tuple(quant.seq)))
+    fp32_path, dest, staged = art.path("fp32.onnx"), art.path("int8.onnx"), work / art.path("int8.onnx").name
+    mode = resolve_mode(quant)
+    cd = load_calib_data(info, quant, ShapeProfile(tuple(quant.batch), tuple(quant.seq)), mode == "w8a8")
     base16, form = _fp16_base(art, quant, work)
     targets = quantize.find_targets(onnxio.load(base16, False), quantize.QuantSpec(quant.int8_attention), info.task)
     nodes = [t.node for t in targets]
-    mode = resolve_mode(quant)
     qat = qat_ranges.for_build(info.path, mode, quant)  # ranges trained by finetune --qat: no calibration
     src32 = fp32_path
     modules = qat_ranges.build_modules(fp32_path, targets, info.path) if qat else None
@@ -306,11 +346,11 @@ def _calibrate_and_gate(info: ModelInfo, art: records.Artifacts, quant: QuantSta
     amax = {k: amax_t[t] for k, t in tensors.items() if t in amax_t}
     log.info("writing the %s Q/DQ graph ...", mode)
     excluded, metrics, fails, rows = fallback(
-        lambda ex: _quantized(base16, dest, amax, ex, info.task, quant.int8_attention, mode == "weight-only"),
-        lambda: evaluate.compare_onnx(info, cd.reference(fp32_path), dest, cd.heldout), gate, info.task,
-        lambda: rank_by_added_error(fp32_path, dest, cd.heldout, nodes))
+        lambda ex: _quantized(base16, staged, amax, ex, info.task, quant.int8_attention, mode == "weight-only"),
+        lambda: evaluate.compare_onnx(info, cd.reference(fp32_path), staged, cd.heldout), gate, info.task,
+        lambda: rank_by_added_error(fp32_path, staged, cd.heldout, nodes))
     table = gate_table(rows)
-    log.info("INT8 accuracy vs FP32 on %d held-out samples:\n%s", metrics["samples"], table)
+    log.info("INT8 accuracy vs FP32 on %d held-out samples (%s):\n%s", metrics["samples"], cd.heldout_data, table)
     if fails:
         dest.unlink(missing_ok=True)
         raise AccuracyGateError("INT8 cannot pass the accuracy gate even with every layer in FP16 ("
@@ -325,7 +365,8 @@ def _calibrate_and_gate(info: ModelInfo, art: records.Artifacts, quant: QuantSta
     return {
         **form,
         "calibration": {"method": quant.calib_method if amax_t else "none (weight-only: no activation ranges)",
-                        "batches": len(cd.calib), "data": quant.calib or "calib/default.txt",
+                        "batches": len(cd.calib) if amax_t else 0,
+                        "data": (quant.calib or "calib/default.txt") if amax_t else None,
                         "cache": str(cache_path(info, quant)) if amax_t else None, "seeded_from": quant.from_cache,
                         "smooth_alpha": quant.smooth_alpha,
                         "qat_ranges": str(qat.path) if qat else None,
@@ -333,6 +374,8 @@ def _calibrate_and_gate(info: ModelInfo, art: records.Artifacts, quant: QuantSta
         "quantization": {"mode": mode, "int8_gemms": counts, "attention": quant.int8_attention and mode == "w8a8"},
         "accuracy": {"onnx_vs_fp32": evaluate.accuracy_entry(metrics, dest, fp32_path),
                      "gate": {"passed": True, "thresholds": gate.__dict__, "measured_on": evaluate.measured_on(dest),
+                              "heldout": {"samples": metrics["samples"], "data": cd.heldout_data,
+                                          "minimum": MIN_HELDOUT_SAMPLES},
                               "table": [[r[0], r[1], not r[2]] for r in rows]}},
         "cpu": _cpu_int8(info, art, cd, gate)}
 
@@ -349,27 +392,31 @@ def _cpu_int8(info: ModelInfo, art: records.Artifacts, cd: CalibData, gate: Gate
 
     fused = art.path("fp32.cpu.onnx")
     fp32_path, dest = art.path("fp32.onnx"), art.path("int8.cpu.onnx")
-    src = fused if fused.is_file() else fp32_path
+    src = fused if records.present(fused) else fp32_path
     ops = CPU_INT8_OPS if src == fused else ("MatMul",)
     log.info("writing the CPU INT8 graph (ONNX Runtime dynamic INT8 on %s) ...", src.name)
-    excluded, metrics, fails, rows = fallback(
-        lambda ex: quantize.ort_dynamic_int8(src, dest, ex, ops),
-        lambda: evaluate.compare_onnx(info, cd.reference(fp32_path), dest, cd.heldout), gate, info.task,
-        lambda: rank_by_added_error(src, dest, cd.heldout, None, ("MatMul", "Gemm", *ops)))
-    log.info("CPU INT8 accuracy vs FP32 (layers kept out of INT8 stay FP32):\n%s", gate_table(rows))
-    if fails:
-        dest.unlink(missing_ok=True)
-        log.warning("warning: no CPU INT8 artifact: it cannot pass the gate (%s)", "; ".join(fails))
-        return {"file": None, "reason": "; ".join(fails)}
-    fp32 = manifest.read(manifest.record_path(fp32_path))
-    accuracy = evaluate.accuracy_entry(metrics, dest, fp32_path)
-    record = records.write_record(dest, {**records.inherit(fp32), "precision": "int8", "form": CPU_INT8_FORM,
-                                          "source_graph": src.name, "fp32_sha256": fp32["sha256"],
-                                          "fp32_gemms": sorted(excluded), "accuracy": {"onnx_vs_fp32": accuracy}})
+    with staging_dir(dest) as work:  # published with its record once it passes the gate
+        staged = work / dest.name
+        excluded, metrics, fails, rows = fallback(
+            lambda ex: quantize.ort_dynamic_int8(src, staged, ex, ops),
+            lambda: evaluate.compare_onnx(info, cd.reference(fp32_path), staged, cd.heldout), gate, info.task,
+            lambda: rank_by_added_error(src, staged, cd.heldout, None, ("MatMul", "Gemm", *ops)))
+        log.info("CPU INT8 accuracy vs FP32 on %d held-out samples (%s; layers kept out of INT8 stay FP32):\n%s",
+                 metrics["samples"], cd.heldout_data, gate_table(rows))
+        if fails:
+            dest.unlink(missing_ok=True)
+            log.warning("warning: no CPU INT8 artifact: it cannot pass the gate (%s)", "; ".join(fails))
+            return {"file": None, "reason": "; ".join(fails)}
+        fp32 = manifest.read(manifest.record_path(fp32_path))
+        accuracy = evaluate.accuracy_entry(metrics, dest, fp32_path)
+        record = records.publish_record(staged, dest, {
+            **records.inherit(fp32), "precision": "int8", "form": CPU_INT8_FORM, "source_graph": src.name,
+            "fp32_sha256": fp32["sha256"], "fp32_gemms": sorted(excluded), "accuracy": {"onnx_vs_fp32": accuracy}})
     return {"file": dest.name, "sha256": record["sha256"], "source_graph": src.name, "fp32_gemms": sorted(excluded),
             "accuracy": accuracy}
 
 
-def write_int8_record(dest: Path, fp32: dict, fp16: dict, key: str, extra: dict) -> dict:
-    return records.write_record(dest, {**records.inherit(fp32), "precision": "int8", "key": key, "fp32_sha256": fp32["sha256"],
+def write_int8_record(staged: Path, dest: Path, fp32: dict, fp16: dict, key: str, extra: dict) -> dict:
+    """Publishes the Q/DQ graph staged at `staged` as `dest` with its record."""
+    return records.publish_record(staged, dest, {**records.inherit(fp32), "precision": "int8", "key": key, "fp32_sha256": fp32["sha256"],
                                         "fp16_sha256": fp16["sha256"], **extra})

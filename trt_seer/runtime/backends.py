@@ -83,13 +83,19 @@ def onnx_sibling(engine_path: Path) -> Path:
     `x.int8.engine` -> `x.int8.cpu.onnx` (dynamic INT8 on the fused graph; a decoder's MatMulNBits
     form, as `x.int4.engine` -> `x.int4.cpu.onnx`), `x.fp32.engine` and
     `x.fp16.engine` -> `x.fp32.cpu.onnx` (fused FP32: faster on the CPU than the FP16-typed graph,
-    which runs no faster than the plain FP32 one there, and exact); else `x.<precision>.onnx`."""
+    which runs no faster than the plain FP32 one there, and exact); else `x.<precision>.onnx`.
+    A CPU form counts only with its record (`x.int8.cpu.onnx.json`) beside it: one without is what
+    an interrupted older build left, never a finished artifact."""
+    from trt_seer.engine import manifest
+
     engine_path = Path(engine_path)
     stem = engine_path.name.removesuffix(".engine")
     name, _, precision = stem.rpartition(".")
     cpu_form = CPU_FORMS.get(precision)
     cpu = engine_path.with_name(f"{name}.{cpu_form}.cpu.onnx") if name and cpu_form else None
-    return cpu if cpu is not None and cpu.is_file() else engine_path.with_name(stem + ".onnx")
+    if cpu is not None and cpu.is_file() and manifest.record_path(cpu).is_file():
+        return cpu
+    return engine_path.with_name(stem + ".onnx")
 
 
 def tensorrt_unavailable_reason(device: int = 0) -> str | None:
