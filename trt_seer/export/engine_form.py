@@ -158,6 +158,20 @@ def _replace(model, padding: list[bool]) -> int:
     return sum(padding)
 
 
+def own_mask_form(info: ModelInfo, src: Path, dest: Path) -> int:
+    """Writes `src` to `dest` with each attention one ONNX `Attention` that keeps the mask it reads
+    (a packed graph's block-diagonal mask: export/packed.py, which verifies the result); returns how
+    many. UnsupportedError when no attention matches."""
+    from onnxscript import ir
+
+    model, count = _fused_sdpa(src)
+    if count == 0:
+        raise UnsupportedError(f"no attention of {info.name} ({info.model_type}) matched the fused form")
+    _replace(model, [False] * count)
+    onnxio.save(ir.serde.serialize_model(model), dest)
+    return count
+
+
 def engine_form_from_fp32(info: ModelInfo, src: Path, dest: Path) -> dict:
     """Writes the fused-attention graph of `src` to `dest`, verified against `src` on ONNX Runtime.
 
