@@ -49,9 +49,29 @@ def build_encoder(info, request, chosen: list[str]) -> tuple[dict, list]:
             record = stages.run("int8 onnx", int8.int8_onnx, info, art, fp32, fp16, quant)
         manifests[p], rebuilt = stages.run(f"{p} engine", pipeline.engine, record, art, request.engine_spec(p), force)
         report(art, p, manifests[p], rebuilt)
+        if p == "fp16":
+            manifests[p] = _packed(info, request, stages, art, (fp32, fp16)) or manifests[p]
     if "int8" in chosen:
         _int8_benefit(art)
     return manifests, stages.records
+
+
+def _packed(info, request, stages, art: Artifacts, records: tuple) -> dict | None:
+    """The packed-token FP16 graph and engine beside the padded one; the padded engine's manifest
+    (naming its packed sibling), or None where the model has no packed form."""
+    packed = stages.run("fp16 packed onnx", pipeline.fp16_packed_onnx, info, art, *records, request.quant_spec().force)
+    if packed is None:
+        return None
+    from trt_seer.errors import BuildError
+
+    try:
+        built, rebuilt = stages.run("fp16 packed engine", pipeline.engine, packed, art, request.engine_spec("fp16"),
+                                    request.force)
+    except BuildError as e:  # TensorRT has no packed attention kernel for this target or machine
+        log.warning("warning: no packed-token engine (%s runs on ONNX Runtime): %s", art.path("fp16.packed.onnx").name, e)
+        return None
+    report(art, "fp16.packed", built, rebuilt)
+    return pipeline.name_packed_sibling(art, "fp16", built)
 
 
 def report(art: Artifacts, precision: str, data: dict, rebuilt: bool) -> None:

@@ -132,6 +132,64 @@ def fp16_onnx(info: ModelInfo, art: Artifacts, fp32: dict, force: bool = False) 
             "fp32_sha256": fp32["sha256"], "accuracy": {"onnx_vs_fp32": accuracy_entry(accuracy, dest, src)}})
 
 
+def fp16_packed_onnx(info: ModelInfo, art: Artifacts, fp32: dict, fp16: dict, force: bool = False) -> dict | None:
+    """Stage 2b (feature-extraction encoders whose FP16 graph has the fused form): the FP16 graph over
+    packed tokens (export/packed.py), with its accuracy against FP32 through the packing path. None,
+    said in the log, for a model that has no packed form."""
+    from trt_seer.export.engine_form import FORM, FP16_OPS
+    from trt_seer.export.packed import FORM as PACKED
+
+    if info.task != "feature-extraction" or fp16.get("graph_form", {}).get("attention") != FORM:
+        return None
+    src, dest = art.path("fp32.onnx"), art.path("fp16.packed.onnx")
+    key = sha256_json({"fp32": fp32["sha256"], "form": PACKED, "fp16_ops": sorted(FP16_OPS), "trt_seer": __version__})
+    record = None if force else up_to_date(dest, manifest.record_path(dest), key)
+    if record:
+        log.info("fp16 packed ONNX up to date: %s", dest)
+        return record
+    from trt_seer.errors import UnsupportedError
+
+    log.info("exporting the packed-token graph (batches without padding) ...")
+    with staging_dir(dest) as work:
+        try:
+            section, accuracy = _packed_graph(info, src, work, dest.name)
+        except UnsupportedError as e:
+            log.warning("warning: no packed-token engine: %s", e)
+            return None
+        from trt_seer.eval.evaluate import accuracy_entry
+
+        log.info("fp16 packed vs fp32 (ONNX Runtime, held-out data): %s", _fmt_metrics(accuracy))
+        return publish_record(work / dest.name, dest, {
+            **inherit(fp32), "precision": "fp16", "key": key, "packed": section,
+            "io": onnxio.describe_io(onnxio.load(work / dest.name, False)),
+            "fp32_sha256": fp32["sha256"], "accuracy": {"onnx_vs_fp32": accuracy_entry(accuracy, dest, src)}})
+
+
+def _packed_graph(info: ModelInfo, src: Path, work: Path, name: str) -> tuple[dict, dict]:
+    """(the record's `packed` section, accuracy against `src` on held-out batches): the packed FP32
+    graph exported and verified, then typed FP16 with FP16 LayerNormalization, into `work / name`."""
+    from trt_seer.eval.evaluate import compare_outputs, eval_batches, run_batches, session
+    from trt_seer.export.engine_form import FP16_OPS
+    from trt_seer.export.packed import packed_onnx_from_checkpoint
+    from trt_seer.export.precision import KEEP_FP32_OPS, Fp16Spec, fp16_from_onnx
+    from trt_seer.runtime.packed import pack, unpack
+
+    report = packed_onnx_from_checkpoint(info, src, work / "packed.fp32.onnx")
+    log.info("packed graph verified against %s (%s positions): %s", src.name, report["rule"]["positions"],
+             _fmt_verification(report["verification"]))
+    staged = fp16_from_onnx(work / "packed.fp32.onnx", work / name, Fp16Spec(keep_ops=KEEP_FP32_OPS - FP16_OPS))
+    batches = eval_batches(info)
+    packed = session(staged)
+    names = [o.name for o in packed.get_outputs()]
+    cand = []
+    for feeds in batches:
+        fed, layout = pack(feeds, report["rule"])
+        cand.append(unpack(dict(zip(names, packed.run(names, {k: fed[k] for k in report["inputs"]}))), layout))
+    accuracy = compare_outputs(info.task, run_batches(session(src), batches), cand, batches)
+    section = {**report, "padded_inputs": list(info.inputs)}
+    return section, accuracy
+
+
 def _form_key(info: ModelInfo) -> dict:
     """What an encoder's FP16 graph form adds to its cache key (graphs of an older form are redone)."""
     if is_decoder(info):
@@ -192,13 +250,15 @@ def _fmt_metrics(m: dict) -> str:
 def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tuple[dict, bool]:
     """Stage 3: the TensorRT engine + manifest. Returns (manifest, rebuilt). An engine that is up
     to date keeps its file; its manifest takes the record's current sections (a gate may have built
-    the engine before the record was written)."""
+    the engine before the record was written). A packed graph's engine is `<precision>.packed.engine`."""
     from trt_seer.engine import trt as trt_adapter
     from trt_seer.engine.build import cache_key, engine_from_onnx
 
-    onnx_path = art.path(f"{onnx_record['precision']}.onnx")
-    engine_path = art.path(f"{spec.precision}.engine")
-    key = cache_key(onnx_record["sha256"], spec, trt_adapter.load(), decoder="decoder" in onnx_record)
+    form = ".packed" if "packed" in onnx_record else ""
+    onnx_path = art.path(f"{onnx_record['precision']}{form}.onnx")
+    engine_path = art.path(f"{spec.precision}{form}.engine")
+    key = cache_key(onnx_record["sha256"], spec, trt_adapter.load(), decoder="decoder" in onnx_record,
+                    packed=bool(form))
     extra = engine_extra(onnx_record, onnx_path, spec)
     current = None if force else up_to_date(engine_path, manifest.engine_manifest_path(engine_path), key)
     if current:
@@ -211,6 +271,18 @@ def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tupl
     return built, True
 
 
+def name_packed_sibling(art: Artifacts, precision: str, packed: dict) -> dict:
+    """The padded engine's manifest naming its packed sibling (`packed` its manifest); returns it."""
+    path = manifest.engine_manifest_path(art.path(f"{precision}.engine"))
+    current = manifest.read(path)
+    sibling = {"engine": packed["engine"]["file"], "form": packed["packed"]["form"],
+               "choice": "the caller's: load the packed engine to run batches without padding"}
+    if current.get("packed_sibling") != sibling:
+        manifest.write(path, {**current, "packed_sibling": sibling})
+        current = manifest.read(path)
+    return current
+
+
 def engine_extra(onnx_record: dict, onnx_path: Path, spec) -> dict:
     """The manifest sections an engine takes from the record of the graph it is built from."""
     extra = {k: onnx_record[k] for k in ("name", "task", "model_type", "source", "decoder", "limits", "graph_form")
@@ -221,6 +293,8 @@ def engine_extra(onnx_record: dict, onnx_path: Path, spec) -> dict:
         extra["decoder"] = {**extra["decoder"], "max_batch": spec.profile.batch[2],
                             "max_prompt": spec.profile.seq[2], "max_total": check_total(spec.profile, spec.max_total),
                             "prompt_slice": spec.prompt_slice}
+    if "packed" in onnx_record:  # the padded batches it takes: the build's profile
+        extra["packed"] = {**onnx_record["packed"], "max_batch": spec.profile.batch[2], "max_seq": spec.profile.seq[2]}
     extra["onnx_record"] = manifest.record_path(onnx_path).name
     # Measured on the ONNX graph (each entry's measured_on says where), not on this engine: `diff`
     # writes the engine's own under "accuracy" where the engine runs.

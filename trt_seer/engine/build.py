@@ -58,13 +58,14 @@ def decoder_passes() -> dict:
             "gemm_fusion": gemm_fusion.GEMM_FUSION}
 
 
-def cache_key(onnx_sha: str, spec: BuildSpec, flavor: trt_adapter.Flavor, decoder: bool = False) -> str:
+def cache_key(onnx_sha: str, spec: BuildSpec, flavor: trt_adapter.Flavor, decoder: bool = False,
+              packed: bool = False) -> str:
     """Engine cache key: ONNX hash + build settings + TensorRT flavor and version + targets (+ a
-    decoder's network passes, decoder_passes)."""
+    decoder's network passes, decoder_passes; + a packed encoder's, attention.PACKED_PASS)."""
     targets = trt_adapter.target_description(flavor, spec.hardware_compat, spec.compute_caps)
     if targets["mode"] in trt_adapter.NEEDS_BUILD_GPU:  # an engine for another GPU is no cache hit
         targets = trt_adapter.with_build_gpu(targets, trt_adapter.build_gpu())
-    extra = decoder_passes() if decoder else {}
+    extra = {**(decoder_passes() if decoder else {}), **({"packed_pass": attention.PACKED_PASS} if packed else {})}
     return sha256_json({"onnx": onnx_sha, "settings": spec.settings(), **flavor.describe(),
                         "targets": targets, **extra})
 
@@ -189,6 +190,7 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
     network, _parser = _parse(flavor, builder, Path(onnx_path))
     decoder = kv_outputs.mark_new_kv_outputs(flavor, network) > 0
     attentions = attention.make_decomposable(flavor, network)
+    packed = attention.make_packed(flavor, network)  # after: the packed attentions copy `decomposable`
     gemms = weight_layout.transposed_gemms(flavor, network) if decoder else []
     kept, fused = gemm_fusion.fuse_shared_input_gemms(flavor, network, gemms)  # read until serialized
     nk_gemms = len(gemms)
@@ -196,10 +198,11 @@ def engine_from_onnx(onnx_path: Path, engine_path: Path, spec: BuildSpec,
     with staging_dir(engine_path) as work:
         staged = work / Path(engine_path).name
         data = _build_staged(flavor, builder, network, trt_logger, spec, timing_cache, Path(onnx_path), staged)
-        data["build"] = {"key": cache_key(onnx_sha, spec, flavor, decoder), **data["build"],
+        data["build"] = {"key": cache_key(onnx_sha, spec, flavor, decoder, packed > 0), **data["build"],
                          **({"gemm_weights_nk": nk_gemms, "gemms_fused": fused} if decoder else {}),
                          **({"attention_layers": attentions, "attention_pass": attention.ATTENTION_PASS}
-                            if attentions else {})}
+                            if attentions else {}),
+                         **({"packed_attention": packed, "packed_pass": attention.PACKED_PASS} if packed else {})}
         del kept
         data = {**data, "onnx": {"file": Path(onnx_path).name, "sha256": onnx_sha}, **(extra or {})}
         publish(staged, engine_path, lambda: manifest.write(manifest.engine_manifest_path(engine_path), data))

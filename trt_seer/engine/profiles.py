@@ -1,6 +1,7 @@
 """Optimization profiles: the (min, opt, max) shape of every engine input.
 
-Encoders get one profile over (batch, seq) inputs. Decoders with a KV cache (inputs
+Encoders get one profile over (batch, seq) inputs; packed encoders (an input `cu_seqlens`) one over
+tokens (1 .. max_batch x max_seq) and cu_seqlens (2 .. max_batch + 1). Decoders with a KV cache (inputs
 `past_key_values.{i}.key/value`, see export/decoder.py) get two:
 
 - profile 0, `decode`: one new token per row (seq 1) on a cache of 1 .. total-1 positions, the
@@ -18,6 +19,7 @@ from trt_seer.errors import BuildError, InputError
 from trt_seer.export.families import ShapeProfile
 
 DECODE, PREFILL = "decode", "prefill"
+PACKED_BOUNDS = "cu_seqlens"  # the input of a packed encoder (export/packed.py)
 
 
 def is_decoder(input_names) -> bool:
@@ -38,6 +40,21 @@ def encoder_profile(inputs: dict[str, tuple], profile: ShapeProfile) -> dict[str
     if bad:
         raise BuildError(f"inputs {bad} are not (batch, seq); profiles cover (batch, seq) inputs")
     return {name: profile.shapes() for name in inputs}
+
+
+def packed_profile(inputs: dict[str, tuple], profile: ShapeProfile) -> dict[str, tuple]:
+    """{input: (min, opt, max)} for a packed encoder (export/packed.py): [1, tokens] inputs over
+    1 .. batch x seq tokens, cu_seqlens over batch + 1 bounds."""
+    (_, b1, b2), (_, s1, s2) = profile.batch, profile.seq
+    out = {}
+    for name, shape in inputs.items():
+        if name == PACKED_BOUNDS:
+            out[name] = ((2,), (b1 + 1,), (b2 + 1,))
+        elif len(shape) == 2:
+            out[name] = ((1, 1), (1, b1 * s1), (1, b2 * s2))
+        else:
+            raise BuildError(f"packed input {name} of shape {list(shape)} is neither [1, tokens] nor cu_seqlens")
+    return out
 
 
 def _kv(shape: tuple, batch: int, past: int) -> tuple[int, ...]:
@@ -86,6 +103,8 @@ def profiles_for(inputs: dict[str, tuple], profile: ShapeProfile, total: int | N
                  prompt_slice: int | None = None) -> list[tuple[str, dict]]:
     if is_decoder(inputs):
         return decoder_profiles(inputs, profile, check_total(profile, total), prompt_slice)
+    if PACKED_BOUNDS in inputs:
+        return [("packed", packed_profile(inputs, profile))]
     if batch_only(inputs):
         return [("batch", batch_profile(inputs, profile))]
     return [("default", encoder_profile(inputs, profile))]

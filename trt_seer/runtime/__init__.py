@@ -6,8 +6,9 @@
         emb = m.infer(feeds, outputs=["sentence_embedding"])      # copies back only that output
 
 `.engine` runs on TensorRT (engine.py, CUDA through cuda-python in cuda.py), `.onnx` on ONNX
-Runtime's CPU provider (ort.py). No torch, transformers or onnx is imported; TensorRT, cuda-python
-and onnxruntime load only when a model of theirs does. docs/RUNTIME.md is the contract for services.
+Runtime's CPU provider (ort.py); `<name>.fp16.packed.engine` (or `.onnx`) runs batches without
+padding, taking and returning what the padded model does (packed.py). No torch, transformers or
+onnx is imported; TensorRT, cuda-python and onnxruntime load only when a model of theirs does. docs/RUNTIME.md is the contract for services.
 """
 from __future__ import annotations
 
@@ -36,4 +37,9 @@ def load(path: str | Path, backend: str = "auto", **opts) -> Model:
 
     engine_opts, ort_opts = split_options(opts)
     chosen, which = runnable(Path(path), backend, engine_opts.device, stacklevel=3)
-    return TensorRTModel(chosen, engine_opts) if which == "tensorrt" else OnnxRuntimeModel(chosen, ort_opts)
+    model = TensorRTModel(chosen, engine_opts) if which == "tensorrt" else OnnxRuntimeModel(chosen, ort_opts)
+    if chosen.name.endswith((".packed.engine", ".packed.onnx")):  # packed tokens behind the padded interface
+        from trt_seer.runtime.packed import PackedModel
+
+        return PackedModel(model)
+    return model
