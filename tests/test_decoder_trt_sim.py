@@ -600,15 +600,20 @@ def test_greedy_tokens_feed_next_token_back_on_the_device(open_decoder):
 
 
 def test_the_generation_bench_times_greedy_steps_the_way_generation_runs_them(open_decoder):
-    """bench/generate.decode_rate on a decoder that feeds its tokens back: exactly the timed decode
-    steps run (after the prompt step), each one's device time counted."""
-    from trt_seer.bench.generate import GenBenchSpec, decode_rate
+    """bench/generate.decode_rate on a decoder that feeds its tokens back: whole generations of
+    new_tokens + 1 and 1-token generations (each shape once untimed, then every timed run), and one
+    untimed generation for the device time: exactly those prompt and decode steps run, each one's
+    device time counted."""
+    from trt_seer.bench.generate import MIN_RUNS, GenBenchSpec, decode_rate
 
     dec = open_decoder("window", windows=(2, 4, 8), next_token="int64")
-    got = decode_rate(dec, 2, GenBenchSpec(prompt=3, new_tokens=5), VOCAB)
+    spec = GenBenchSpec(prompt=3, new_tokens=5)
+    got = decode_rate(dec, 2, spec, VOCAB)
+    runs = max(MIN_RUNS, spec.repeats)
     prefill, *decode = dec.engine.contexts
-    assert prefill.runs == 1 and sum(c.runs for c in decode) == 5 and dec.past == 3 + 5
-    assert got["device_ms_per_step"] == 0.5 and got["tokens_per_s"] > 0 and got["batch"] == 2
+    assert prefill.runs == 2 + 2 * runs + 1  # warm-ups, each run's two calls, the device-time pass
+    assert sum(c.runs for c in decode) == 5 * (1 + runs + 1) and dec.past == 3 + 5
+    assert got["device_ms_per_step"] == 0.5 and got["tokens_per_s"] > 0 and got["batch"] == 2 and got["runs"] == runs
 
 
 class SamplerEngine:

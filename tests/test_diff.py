@@ -203,8 +203,13 @@ def test_layer_profile_fp16_vs_fp32(tiny):
     fp32, fp16 = art.path("fp32.onnx"), art.path("fp16.onnx")
     batches = evaluate.eval_batches(info)[:2]
     profile = layer_error_profile(fp32, fp16, batches)
-    graph_order = [n.name for n in onnx.load(str(fp32)).graph.node if n.op_type in ("MatMul", "Gemm")]
-    assert [r["node"] for r in profile] == graph_order  # every GEMM, in graph order
+    # each attention is one Attention node in the FP16 graph: of its two matmuls, the one whose output
+    # that node gives is compared, the scores' one is not in the FP16 graph
+    in_fp16 = {o for n in onnx.load(str(fp16)).graph.node for o in n.output}
+    graph_order = [n.name for n in onnx.load(str(fp32)).graph.node if n.op_type in ("MatMul", "Gemm")
+                   and n.output[0] in in_fp16]
+    assert len(graph_order) == 2 * (6 + 1)  # per layer 6 Linear layers and the attention's output
+    assert [r["node"] for r in profile] == graph_order  # every GEMM both graphs have, in graph order
     assert all(0 < r["rel_error"] < 1e-2 for r in profile)  # FP16 rounding, not breakage
     assert all(r["added_error"] == pytest.approx(r["rel_error"] - r["received_error"]) for r in profile)
     assert profile[0]["received_error"] == 0.0
@@ -284,7 +289,7 @@ def test_bad_inputs_exit_2(tiny, capsys, tmp_path):
     _, art = tiny
     assert "manifest not found" in one_line_error(capsys, tmp_path / "x.fp16.manifest.json")
     assert "unknown --against 'int4'" in one_line_error(capsys, record(art, "fp16"), "--against", "int4")
-    assert "neither an engine manifest" in one_line_error(capsys, tmp_path / "model.bin")
+    assert "expected an engine (.engine, or its .manifest.json) or an ONNX artifact" in one_line_error(capsys, tmp_path / "model.bin")
     assert "reference itself" in one_line_error(capsys, record(art, "fp32"), "--against", "fp32")
     for bad in ("abc", "=1e-3", "x=-1", "nan"):
         assert "malformed --atol" in one_line_error(capsys, record(art, "fp16"), "--atol", bad)

@@ -233,7 +233,7 @@ RUN = [
     Case("run-tokenizer-corrupt", lambda e: ["run", e.art / "ckpt.fp16.onnx", "--text", "w2",
                                              "--tokenizer", e.file("tok/tokenizer.json", '{"model": ').parent],
          "tokenizer.json"),
-    Case("run-not-an-artifact", lambda e: ["run", e.file("x.txt", "hi"), "--text", "w2"], "neither"),
+    Case("run-not-an-artifact", lambda e: ["run", e.file("x.txt", "hi"), "--text", "w2"], "expected an engine"),
     Case("run-missing-onnx", lambda e: ["run", e.tmp / "nope.onnx", "--text", "w2"], "not found"),
     Case("run-engine-other-flavor", lambda e: ["run", e.art / ENGINE, "--backend", "tensorrt", "--text", "w2"],
          "", prepare=lambda e: e.edit(MANIFEST, lambda d: d["tensorrt"].update(flavor="tensorrt", version="8.6.1")),

@@ -321,15 +321,18 @@ def test_generate_bench_times_sampling_through_the_host_sampler(artifacts, monke
     from trt_seer.runtime import sampling as sampling_mod
     from trt_seer.runtime.decoder_ort import OrtDecoderStep
 
+    from trt_seer.runtime import generate as generate_mod
+
     chosen = []
     real = sampling_mod.choose
-    monkeypatch.setattr(sampling_mod, "choose", lambda logits, s, rng: chosen.append(s) or real(logits, s, rng))
+    monkeypatch.setattr(generate_mod, "choose", lambda logits, s, rng: chosen.append(s) or real(logits, s, rng))
     step = OrtDecoderStep(artifacts["llama"][1])
     step.next_tokens = lambda *f: pytest.fail("sampling must not take the greedy path")
     spec = bench.GenBenchSpec(batches=(2,), prompt=8, new_tokens=3, ttft_prompts=(), repeats=1)
     row = bench.measure_step(step, VOCAB, spec, Sampling(temperature=0.8, top_p=0.9, seed=0))
     assert [(d["batch"], d["context"]) for d in row["decode"]] == [(2, 8)] and row["decode"][0]["tokens_per_s"] > 0
-    assert len(chosen) == (1 + 8) + (1 + 3) and {s.top_p for s in chosen} == {0.9}  # warm-up, then the timed run
+    runs, whole = max(bench.MIN_RUNS, spec.repeats), spec.new_tokens + 1  # a token per step of each call
+    assert len(chosen) == (whole + 1) * (1 + runs) and {s.top_p for s in chosen} == {0.9}  # warm-ups, then the runs
 
 
 def test_load_generator_takes_the_backend_and_options_of_load(artifacts, tmp_path):
