@@ -151,7 +151,7 @@ def test_build_writes_the_packed_graph_with_its_record(tiny_checkpoint, tmp_path
 
     ckpt = tiny_checkpoint("bert", FE)
     out = tmp_path / "out"
-    build(BuildRequest(model=str(ckpt), out=out, spec=BuildSpec(profile=ShapeProfile((1, 2, 4), (8, 16, 32)))))
+    build(BuildRequest(model=str(ckpt), out=out, spec=BuildSpec(profile=ShapeProfile((1, 2, 4), (8, 16, 32))), packed=True))
 
     name = resolve_model(ckpt).name
     record = json.loads((out / f"{name}.fp16.packed.onnx.json").read_text())

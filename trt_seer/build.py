@@ -42,6 +42,7 @@ class BuildRequest:
     keep_intermediates: bool | None = None  # decoders; None: keep where no engine runs here
     dry_run: bool = False
     attention: str = "eager"  # causal LMs: "eager" or "chunked" (export/attention.py); encoders: "decomposed"
+    packed: bool = False  # feature-extraction encoders: also the packed-token FP16 form (export/packed.py)
     prompt_slice: int | None = None  # causal LMs: tokens per prompt slice; None: PROMPT_SLICE if chunked; 0: none
 
     def chosen(self) -> list[str]:
@@ -154,6 +155,9 @@ def _check_request(info, request: BuildRequest, chosen: list[str]) -> None:
         raise UnsupportedError(f"--attention {request.attention} is for causal LMs; {info.name} is {info.task}")
     if request.attention == "decomposed" and info.task == "causal-lm":
         raise UnsupportedError(f"--attention decomposed is for encoders; {info.name} is {info.task}")
+    if request.packed and (info.task != "feature-extraction" or request.attention == "decomposed"
+                           or "fp16" not in request.chosen()):
+        raise UnsupportedError(f"--packed is for feature-extraction encoders' fused FP16 form; {info.name} is {info.task}")
     if request.prompt_slice and info.task != "causal-lm":
         raise UnsupportedError(f"--prompt-slice is for causal LMs; {info.name} is {info.task}")
     if "int4" in chosen and info.task != "causal-lm":
@@ -229,7 +233,8 @@ def request_key(request: BuildRequest, precision: str, source: dict) -> str:
                         "tensorrt": flavor.describe(), "targets": trt.target_description(
                             flavor, request.spec.hardware_compat, request.spec.compute_caps),
                         "qat": _qat_sha(source), "trt_seer": __version__,
-                        **({"attention": request.attention} if request.attention != "eager" else {})})
+                        **({"attention": request.attention} if request.attention != "eager" else {}),
+                        **({"packed": True} if request.packed else {})})
 
 
 def _qat_sha(source: dict) -> str | None:

@@ -49,7 +49,7 @@ def build_encoder(info, request, chosen: list[str]) -> tuple[dict, list]:
             record = stages.run("int8 onnx", int8.int8_onnx, info, art, fp32, fp16, quant)
         manifests[p], rebuilt = stages.run(f"{p} engine", pipeline.engine, record, art, request.engine_spec(p), force)
         report(art, p, manifests[p], rebuilt)
-        if p == "fp16":
+        if p == "fp16" and request.packed:
             manifests[p] = _packed(info, request, stages, art, (fp32, fp16)) or manifests[p]
     if "int8" in chosen:
         _int8_benefit(art)

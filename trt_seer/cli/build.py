@@ -70,6 +70,9 @@ def add_parser(subparsers, common):
                    help="causal LMs: run prompts longer than N tokens N at a time, each slice on the cache of "
                         "those before it, so that a prompt step's memory follows N, not the prompt squared "
                         "(default 512 with --attention chunked; 0, and eager's default: the whole prompt at once)")
+    p.add_argument("--packed", action="store_true",
+                   help="feature-extraction encoders: also build the packed-token FP16 form (<name>.fp16.packed.*: "
+                        "every sentence's tokens one after another, no padding; load it to run padded batches packed)")
     common.add_output_args(p)
     p.add_argument("--force", action="store_true", help="rebuild every stage even when up to date")
     p.add_argument("--dry-run", action="store_true",
@@ -109,7 +112,7 @@ def request_from_args(args):
                         precisions=tuple(p for p in ORDER if getattr(args, p, False)),
                         spec=build_spec(args, "fp16"), quant=QuantStageSpec.from_args(args), force=args.force,
                         keep_intermediates=args.keep_intermediates, dry_run=args.dry_run, attention=args.attention,
-                        prompt_slice=args.prompt_slice)
+                        prompt_slice=args.prompt_slice, packed=args.packed)
 
 
 def run(args) -> int:
