@@ -178,3 +178,11 @@ def check_config(model: str | None) -> None:
         value = config.get(key)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             raise InputError(f"{path}: {key} should be a JSON {kind.__name__}, got {json.dumps(value)[:40]}")
+
+
+def add_decoder_runtime_args(p) -> None:
+    """How a causal-LM artifact is opened (generate, serve): its tokenizer and ONNX Runtime's threads."""
+    p.add_argument("--tokenizer", metavar="DIR", default=None,
+                   help="directory with tokenizer.json (default: the one copied beside the artifact)")
+    p.add_argument("--threads", type=int, default=0, metavar="N",
+                   help="ONNX Runtime intra-op threads (default: one per core)")

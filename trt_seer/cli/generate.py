@@ -35,10 +35,7 @@ def add_parser(subparsers, common):
     p.add_argument("--stats", action="store_true",
                    help="also print time to first token, decode tokens/s and device ms per step (where the "
                         "backend measures it); with --json, a `stats` object")
-    p.add_argument("--tokenizer", metavar="DIR", default=None,
-                   help="directory with tokenizer.json (default: the one copied beside the artifact)")
-    p.add_argument("--threads", type=int, default=0, metavar="N",
-                   help="ONNX Runtime intra-op threads (default: one per core)")
+    common.add_decoder_runtime_args(p)
     common.add_verbosity(p)
     p.set_defaults(handler=run)
     return p

@@ -28,10 +28,7 @@ def add_parser(subparsers, common):
                    help="requests that may wait for a slot; beyond that 429 (default 64)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S",
                    help="per-request limit in seconds (default 600)")
-    p.add_argument("--tokenizer", metavar="DIR", default=None,
-                   help="directory with tokenizer.json (default: the one copied beside the artifact)")
-    p.add_argument("--threads", type=int, default=0, metavar="N",
-                   help="ONNX Runtime intra-op threads (default: one per core)")
+    common.add_decoder_runtime_args(p)
     common.add_verbosity(p)
     p.set_defaults(handler=run)
     return p

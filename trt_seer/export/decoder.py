@@ -25,6 +25,7 @@ import numpy as np
 from trt_seer.errors import ExportMismatchError, UnsupportedError
 from trt_seer.export import onnxio
 from trt_seer.logs import quieted
+from trt_seer.export.failures import failure_line
 from trt_seer.export.tolerance import Tolerance
 from trt_seer.decoder_io import NEXT_TOKEN, PRESENT_PREFIX, decoder_io, exported_outputs, position_ids
 from trt_seer.export.families import ModelInfo, attention_heads, num_layers
@@ -32,9 +33,8 @@ from trt_seer.export.rotary import stacked_rotary
 
 TRACE_CASE = (2, 5, 3)  # (batch, seq, past_seq) used for tracing; no axis of size 0 or 1
 VERIFY_CASES = ((3, 7, 0), (2, 1, 9), (1, 4, 6), (4, 1, 0))  # prefill, decode, chunked prefill
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model",
-                   "chat_template.jinja", "chat_template.json")  # transformers 5 saves the chat template apart
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
 VOCAB_FILES = {"tokenizer.json", "vocab.json", "tokenizer.model"}  # without one there is no tokenizer
 
 
@@ -150,18 +150,14 @@ def _export(info: ModelInfo, step, shape: DecoderShape, dest: Path, kv_dtype=np.
     """`step` traced at `trace` to `dest`; a model the exporter cannot take is UnsupportedError."""
     import torch
 
-    from trt_seer.export.checkpoint import failure_line
-
     feeds = sample_feeds(shape, *trace, seed=1, kv_dtype=kv_dtype)
     args = tuple(torch.from_numpy(v) for v in feeds.values())
     inputs, _ = decoder_io(shape.num_layers)
     with warnings.catch_warnings(), quieted("torch.onnx"), stacked_rotary(step.model):
         warnings.simplefilter("ignore")
         try:
-            program = torch.onnx.export(step, args, input_names=list(inputs),
-                                        output_names=list(exported_outputs(shape.num_layers)),
-                                        dynamic_shapes=_dynamic_shapes(shape), dynamo=True, opset_version=18,
-                                        verbose=False)
+            program = torch.onnx.export(step, args, input_names=list(inputs), output_names=list(exported_outputs(
+                shape.num_layers)), dynamic_shapes=_dynamic_shapes(shape), dynamo=True, opset_version=18, verbose=False)
         except Exception as e:  # torch.export / ONNX translation: any op or form it cannot handle
             raise UnsupportedError(failure_line(info, "ONNX export", e, type(step.model).__module__)) from e
     large = sum(p.numel() * p.element_size() for p in step.parameters()) > onnxio.EXTERNAL_DATA_THRESHOLD
@@ -170,10 +166,9 @@ def _export(info: ModelInfo, step, shape: DecoderShape, dest: Path, kv_dtype=np.
 
 
 def defined(name: str, value: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Logits of the rows that end with a real token, or the cache at unmasked positions only. A
-    row of padding alone has no next token: its logits depend on how a kernel rounds a softmax over
-    masked scores only (FP16 attention forms differ there), so compare_cases only requires them to be
-    finite."""
+    """Logits of the rows that end with a real token, or the cache at unmasked positions only. A row of
+    padding alone has no next token: its logits depend on how a kernel rounds a softmax over masked
+    scores only (FP16 attention forms differ), so compare_cases only requires them to be finite."""
     if name == "logits":
         return value[mask[:, -1].astype(bool)]
     return value.transpose(0, 2, 1, 3)[mask.astype(bool)]  # (unmasked positions, kv_heads, head_dim)

@@ -27,7 +27,8 @@ import numpy as np
 
 from trt_seer.errors import ExportMismatchError, UnsupportedError
 from trt_seer.export import onnxio
-from trt_seer.export.checkpoint import (OPSET, VERIFY_SHAPES, failure_line, load_model, sample_inputs,
+from trt_seer.export.failures import failure_line
+from trt_seer.export.checkpoint import (OPSET, VERIFY_SHAPES, load_model, sample_inputs,
                                         TRACE_SHAPE)
 from trt_seer.export.families import ModelInfo
 from trt_seer.export.tolerance import Tolerance

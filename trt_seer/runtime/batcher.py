@@ -109,7 +109,8 @@ class Request:
         """Ends the request at the next step boundary (any thread); its row is freed there."""
         self.cancelled = self.cancelled or reason
 
-    def _finish(self, reason: str, error: str | None = None) -> None:
+    def finish(self, reason: str, error: str | None = None) -> None:
+        """Emits the request's last event (the batcher calls it as the request leaves its row)."""
         tail = self.text.flush() if self.text is not None and reason in ("eos", "length") else ""
         self.emit(Finished(reason, tail, len(self.prompt_ids), len(self.tokens), error))
 
@@ -200,7 +201,7 @@ class Batcher:
             for r in gone:
                 self.waiting.remove(r)
         for r in gone:
-            r._finish(r.cancelled)
+            r.finish(r.cancelled)
         for row, r in enumerate(self.rows):
             if r is not None and r.cancelled:
                 self._free(row, r.cancelled)
@@ -282,7 +283,7 @@ class Batcher:
 
     def _free(self, row: int, reason: str, error: str | None = None) -> None:
         r, self.rows[row] = self.rows[row], None
-        r._finish(reason, error)
+        r.finish(reason, error)
 
     def _fail_all(self, error: str) -> None:
         for row, r in enumerate(self.rows):
