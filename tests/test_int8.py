@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 
 from tiny import make_tiny_checkpoint
@@ -207,6 +208,10 @@ def test_default_model_int8_passes_the_gate(tmp_path):
     assert acc["measured_on"] == {"artifact": f"{name}.int8.onnx", "backend": "onnxruntime CPU"}
     assert (tmp_path / "engines" / f"{name}.fp16.engine").exists()  # the baseline INT8 is judged by
     assert not (tmp_path / "engines" / f"{name}.fp32.engine").exists()
+    # weight-only Q/DQ go into the FP16 graph's fused form (export/engine_form.py), and the record says so
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "engines" / f"{name}.int8.onnx")).graph.node}
+    assert {"Attention", "DequantizeLinear"} <= ops and "Softmax" not in ops
+    assert rec["graph_form"]["attention"] == m["graph_form"]["attention"] != "decomposed"
     assert "INT8 accuracy vs FP32" in r.stderr
     cpu = rec["cpu"]  # the CPU backend's own INT8 graph, gated the same way
     assert cpu["file"] == f"{name}.int8.cpu.onnx" and (tmp_path / "engines" / cpu["file"]).is_file()

@@ -161,3 +161,6 @@ def test_build_writes_the_packed_graph_with_its_record(tiny_checkpoint, tmp_path
     with load(out / f"{name}.fp16.packed.onnx") as packed, load(out / f"{name}.fp16.onnx") as padded:
         got, ref = packed.infer(feeds), padded.infer(feeds)
     assert (_cosines(got["sentence_embedding"], ref["sentence_embedding"]) >= 0.9999).all()
+    padded_manifest = json.loads((out / f"{name}.fp16.manifest.json").read_text())
+    built = (out / f"{name}.fp16.packed.engine").is_file()
+    assert ("packed_sibling" in padded_manifest) == built  # named only where a packed engine was built

@@ -155,9 +155,12 @@ def _check_request(info, request: BuildRequest, chosen: list[str]) -> None:
         raise UnsupportedError(f"--attention {request.attention} is for causal LMs; {info.name} is {info.task}")
     if request.attention == "decomposed" and info.task == "causal-lm":
         raise UnsupportedError(f"--attention decomposed is for encoders; {info.name} is {info.task}")
-    if request.packed and (info.task != "feature-extraction" or request.attention == "decomposed"
-                           or "fp16" not in request.chosen()):
-        raise UnsupportedError(f"--packed is for feature-extraction encoders' fused FP16 form; {info.name} is {info.task}")
+    if request.packed and info.task != "feature-extraction":
+        raise UnsupportedError(f"--packed is for feature-extraction encoders; {info.name} is {info.task}")
+    if request.packed and "fp16" not in request.chosen():
+        raise UnsupportedError("--packed builds the FP16 packed-token form; add --fp16")
+    if request.packed and request.attention == "decomposed":
+        raise UnsupportedError("--packed needs the fused attention form; drop --attention decomposed")
     if request.prompt_slice and info.task != "causal-lm":
         raise UnsupportedError(f"--prompt-slice is for causal LMs; {info.name} is {info.task}")
     if "int4" in chosen and info.task != "causal-lm":
@@ -277,6 +280,9 @@ def _cache_hit(request: BuildRequest) -> dict | None:
             return None
         if "decoder" not in m and p != "fp32" and m.get("graph_form", {}).get("requested") != _encoder_form(request):
             return None  # built before the encoder's graph form changed
+        if request.packed and p == "fp16" and not manifest.read_if_exists(manifest.record_path(engine.with_name(
+                f"{name}.fp16.packed.onnx"))):
+            return None  # the packed-token graph is made by this build
         hit[p] = m
     return hit
 

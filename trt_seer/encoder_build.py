@@ -59,9 +59,9 @@ def build_encoder(info, request, chosen: list[str]) -> tuple[dict, list]:
 def _packed(info, request, stages, art: Artifacts, records: tuple) -> dict | None:
     """The packed-token FP16 graph and engine beside the padded one; the padded engine's manifest
     (naming its packed sibling), or None where the model has no packed form."""
-    packed = stages.run("fp16 packed onnx", pipeline.fp16_packed_onnx, info, art, *records, request.quant_spec().force)
+    packed = stages.run("fp16 packed onnx", pipeline.fp16_packed_onnx, info, art, *records, request.force)
     if packed is None:
-        return None
+        return pipeline.name_packed_sibling(art, "fp16", None)
     from trt_seer.errors import BuildError
 
     try:
@@ -69,7 +69,7 @@ def _packed(info, request, stages, art: Artifacts, records: tuple) -> dict | Non
                                     request.force)
     except BuildError as e:  # TensorRT has no packed attention kernel for this target or machine
         log.warning("warning: no packed-token engine (%s runs on ONNX Runtime): %s", art.path("fp16.packed.onnx").name, e)
-        return None
+        return pipeline.name_packed_sibling(art, "fp16", None)
     report(art, "fp16.packed", built, rebuilt)
     return pipeline.name_packed_sibling(art, "fp16", built)
 

@@ -139,10 +139,15 @@ def fp16_packed_onnx(info: ModelInfo, art: Artifacts, fp32: dict, fp16: dict, fo
     from trt_seer.export.engine_form import FORM, FP16_OPS
     from trt_seer.export.packed import FORM as PACKED
 
+    from trt_seer.export.precision import KEEP_FP32_OPS
+
     if info.task != "feature-extraction" or fp16.get("graph_form", {}).get("attention") != FORM:
+        log.warning("warning: no packed-token form: it is built from a feature-extraction encoder's fused "
+                    "attention (%s: %s, attention %s)", info.name, info.task, fp16.get("graph_form", {}).get("attention"))
         return None
     src, dest = art.path("fp32.onnx"), art.path("fp16.packed.onnx")
-    key = sha256_json({"fp32": fp32["sha256"], "form": PACKED, "fp16_ops": sorted(FP16_OPS), "trt_seer": __version__})
+    key = sha256_json({"fp32": fp32["sha256"], "form": PACKED, "fp16_ops": sorted(FP16_OPS), "trt_seer": __version__,
+                       "keep": sorted(KEEP_FP32_OPS)})
     record = None if force else up_to_date(dest, manifest.record_path(dest), key)
     if record:
         log.info("fp16 packed ONNX up to date: %s", dest)
@@ -271,14 +276,16 @@ def engine(onnx_record: dict, art: Artifacts, spec, force: bool = False) -> tupl
     return built, True
 
 
-def name_packed_sibling(art: Artifacts, precision: str, packed: dict) -> dict:
-    """The padded engine's manifest naming its packed sibling (`packed` its manifest); returns it."""
+def name_packed_sibling(art: Artifacts, precision: str, packed: dict | None) -> dict:
+    """The padded engine's manifest naming its packed sibling (`packed` its manifest; None: no packed
+    engine was built, and an earlier one is no longer named); returns it."""
     path = manifest.engine_manifest_path(art.path(f"{precision}.engine"))
     current = manifest.read(path)
-    sibling = {"engine": packed["engine"]["file"], "form": packed["packed"]["form"],
-               "choice": "the caller's: load the packed engine to run batches without padding"}
+    sibling = None if packed is None else {"engine": packed["engine"]["file"], "form": packed["packed"]["form"],
+                                           "choice": "the caller's: load the packed engine to run batches without padding"}
     if current.get("packed_sibling") != sibling:
-        manifest.write(path, {**current, "packed_sibling": sibling})
+        manifest.write(path, {**{k: v for k, v in current.items() if k != "packed_sibling"},
+                              **({"packed_sibling": sibling} if sibling else {})})
         current = manifest.read(path)
     return current
 

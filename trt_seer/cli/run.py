@@ -85,7 +85,8 @@ def run(args) -> int:
         if record.get("task") == "causal-lm":
             raise UnsupportedError(f"{Path(args.artifact).name} is a causal-lm artifact (a KV-cache "
                                    "decoder); run it with `trt-seer generate`")
-        runner = TextRunner.open(model, args.artifact, args.tokenizer, args.batch_size, hint="pass --tokenizer DIR")
+        runner = TextRunner.open(model, common.artifact_paths(args.artifact).artifact, args.tokenizer, args.batch_size,
+                                 hint="pass --tokenizer DIR")
         task = record.get("task") or _guess_task(model.output_names)
         gpu_ms = []
         with _progress(len(texts), runner.shape.max_batch) as bar:

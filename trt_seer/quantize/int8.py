@@ -300,17 +300,18 @@ def _log_counts(counts: dict) -> None:
              if counts["fp16_fallback"] else "")
 
 
-def _fp16_base(art: records.Artifacts, quant: QuantStageSpec, work: Path) -> tuple[Path, dict]:
-    """(the FP16 graph the Q/DQ nodes go into, its record's `graph_form`): fp16.onnx, or with
-    --int8-attention, whose Q/DQ sit on attention's batched matmuls, the FP16 typing of the FP32 graph
-    with attention decomposed (an encoder's fp16.onnx has it fused: export/engine_form.py)."""
+def _fp16_base(art: records.Artifacts, quant: QuantStageSpec, mode: str, work: Path) -> tuple[Path, dict]:
+    """(the FP16 graph the Q/DQ nodes go into, its `graph_form`): weight-only INT8 writes its Q/DQ into
+    fp16.onnx (an encoder's has each attention fused: export/engine_form.py); W8A8, whose activation
+    ranges, SmoothQuant scales and --int8-attention Q/DQ are the decomposed graph's tensors, into the
+    FP16 typing of the FP32 graph as exported."""
     from trt_seer.export.precision import fp16_from_onnx
 
     fp16 = art.path("fp16.onnx")
     form = (manifest.read_if_exists(manifest.record_path(fp16)) or {}).get("graph_form", {})
-    if not quant.int8_attention or form.get("attention", "decomposed") == "decomposed":
+    if mode == "weight-only" or form.get("attention", "decomposed") == "decomposed":
         return fp16, {"graph_form": form} if form else {}
-    form = {**form, "attention": "decomposed", "reason": "--int8-attention quantizes attention's batched matmuls"}
+    form = {**form, "attention": "decomposed", "reason": "W8A8 Q/DQ go on the exported graph's tensors"}
     return fp16_from_onnx(art.path("fp32.onnx"), work / "decomposed.fp16.onnx"), {"graph_form": form}
 
 
@@ -321,7 +322,7 @@ def _calibrate_and_gate(info: ModelInfo, art: records.Artifacts, quant: QuantSta
     fp32_path, dest, staged = art.path("fp32.onnx"), art.path("int8.onnx"), work / art.path("int8.onnx").name
     mode = resolve_mode(quant)
     cd = load_calib_data(info, quant, ShapeProfile(tuple(quant.batch), tuple(quant.seq)), mode == "w8a8")
-    base16, form = _fp16_base(art, quant, work)
+    base16, form = _fp16_base(art, quant, mode, work)
     targets = quantize.find_targets(onnxio.load(base16, False), quantize.QuantSpec(quant.int8_attention), info.task)
     nodes = [t.node for t in targets]
     qat = qat_ranges.for_build(info.path, mode, quant)  # ranges trained by finetune --qat: no calibration

@@ -41,5 +41,9 @@ def load(path: str | Path, backend: str = "auto", **opts) -> Model:
     if chosen.name.endswith((".packed.engine", ".packed.onnx")):  # packed tokens behind the padded interface
         from trt_seer.runtime.packed import PackedModel
 
-        return PackedModel(model)
+        try:
+            return PackedModel(model)
+        except BaseException:
+            model.close()  # an artifact that is not packed after all: its engine or session goes
+            raise
     return model

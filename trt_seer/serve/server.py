@@ -135,8 +135,12 @@ def serve(spec: ServeSpec, announce=None) -> None:
 
     from trt_seer.serve.http import make_app
 
-    service = open_service(spec)
-    sock = listen(spec.host, spec.port)
+    sock = listen(spec.host, spec.port)  # a port in use is refused before the engine takes the GPU
+    try:
+        service = open_service(spec)
+    except BaseException:
+        sock.close()
+        raise
     app = make_app(service, lifespan=lifespan_of(service))
     config = uvicorn.Config(app, log_level=spec.log_level, access_log=False, lifespan="on")
     server = uvicorn.Server(config)
