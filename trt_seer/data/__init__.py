@@ -104,14 +104,10 @@ class Tokenizer:
 
 
 def pad_batch(ids: list[list[int]], inputs: tuple[str, ...], seq: int, pad_id: int = 0) -> dict[str, np.ndarray]:
-    """Right-padded int64 feeds for the model's inputs, shape (len(ids), seq)."""
-    batch = np.full((len(ids), seq), pad_id, dtype=np.int64)  # (batch, seq)
-    mask = np.zeros_like(batch)
-    for i, row in enumerate(ids):
-        batch[i, :len(row)] = row
-        mask[i, :len(row)] = 1
-    feeds = {"input_ids": batch, "attention_mask": mask, "token_type_ids": np.zeros_like(batch)}
-    return {k: feeds[k] for k in inputs}
+    """Right-padded int64 feeds for the model's inputs, shape (len(ids), seq): the runtime's own padding."""
+    from trt_seer.runtime.texts import pad_rows
+
+    return pad_rows(ids, inputs, seq, pad_id)
 
 
 def bucket_seq(length: int, profile: ShapeProfile) -> int:

@@ -111,9 +111,9 @@ def length_batches(lengths: Sequence[int], max_batch: int) -> list[list[int]]:
     return [order[start:start + max_batch] for start in range(0, len(order), max_batch)]
 
 
-def pad_rows(rows: list[list[int]], inputs: Sequence[str], seq: int) -> dict[str, np.ndarray]:
-    """Right-padded int64 feeds (pad id 0, mask 0) for the model's token inputs, (len(rows), seq)."""
-    ids = np.zeros((len(rows), seq), dtype=np.int64)  # (batch, seq)
+def pad_rows(rows: list[list[int]], inputs: Sequence[str], seq: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Right-padded int64 feeds (`pad_id`, mask 0) for the model's token inputs, (len(rows), seq)."""
+    ids = np.full((len(rows), seq), pad_id, dtype=np.int64)  # (batch, seq)
     mask = np.zeros_like(ids)
     for i, row in enumerate(rows):
         ids[i, :len(row)] = row
